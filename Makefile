@@ -1,0 +1,30 @@
+# Every target that needs the environment depends on .venv/.ready, which tools/setup.sh
+# rebuilds only when pyproject.toml or the build scripts change.
+VENV := .venv
+BIN := $(VENV)/bin
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: setup demo test lab exercises clean
+
+setup: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml tools/setup.sh tools/build_horovod.sh tools/build_deepspeed.sh tools/pins.py
+	bash tools/setup.sh
+	touch $@
+
+demo: setup
+	$(BIN)/scaledl demo --out-dir runs/demo
+
+test: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+lab: setup
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$${PORT:-8888} notebooks
+
+exercises: setup
+	$(BIN)/scaledl exercises --solutions solutions --out exercises
+
+clean:
+	rm -rf $(VENV) runs

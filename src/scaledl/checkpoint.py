@@ -1,0 +1,102 @@
+"""Checkpoints that survive a kill at any moment and resume a run exactly.
+
+A checkpoint holds the model, optimizer and scheduler states, the epoch and step (which,
+with the seeded sampler, fixes the position in the data), and the RNG states of Python,
+NumPy and torch.  Rank 0 writes it to a temporary file in the same directory, flushes it to
+disk and renames it over the old one: a rename is atomic, so a reader sees the old
+checkpoint or the new one, never half of one.  Every rank loads it.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read; the message names the file and what to do."""
+
+
+def rng_state() -> dict:
+    import torch
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             # As plain lists, so the file loads with torch.load(weights_only=True).
+             "numpy": [kind, keys.tolist(), pos, has_gauss, gauss]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import torch
+
+    random.setstate(_tuples(state["python"]))
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def save(path: str | Path, *, model, optimizer=None, scheduler=None, epoch: int = 0, step: int = 0,
+         extra: dict | None = None, is_main: bool = True) -> Path | None:
+    """Write atomically on the main rank; other ranks return None at once.
+
+    Pass the unwrapped model state when the model is wrapped (DDP's `.module`) so the file
+    loads into a plain model too."""
+    if not is_main:
+        return None
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "epoch": epoch, "step": step, "rng": rng_state(),
+             "extra": extra or {}}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(partial, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    return path
+
+
+def load(path: str | Path, *, model=None, optimizer=None, scheduler=None, map_location="cpu",
+         restore_rng: bool = True) -> dict:
+    """Read a checkpoint into the given objects; return the whole state (epoch, step, extra)."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}: run without --resume to start fresh")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, pickle.UnpicklingError) as error:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or truncated ({type(error).__name__}); delete it or "
+            "resume from an older copy") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path} is not a scaledl checkpoint (no model state in it)")
+    if model is not None:
+        model.load_state_dict(state["model"])
+    if optimizer is not None and "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
+    if restore_rng:
+        set_rng_state(state["rng"])
+    return state

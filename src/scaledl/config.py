@@ -1,0 +1,126 @@
+"""The one configuration every rung shares, as a dataclass and as command-line flags.
+
+    config = Config(num_epochs=2, lr=0.01)            # in a notebook
+    config = parse_args(["--epochs", "2"])            # in a script (sys.argv by default)
+
+Each field is one flag with the same name in every framework.  Values are checked in one
+place (`Config.__post_init__`), so a notebook and a command line get the same one-line error.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+
+DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """A bad value; the message names the flag."""
+
+
+@dataclass
+class Config:
+    num_epochs: int = field(default=3, metadata={"flag": "--epochs", "help": "passes over the training set"})
+    batch_size: int = field(default=64, metadata={
+        "flag": "--batch-size", "help": "micro batch per rank; the global batch is this times world_size"})
+    lr: float = field(default=0.01, metadata={"flag": "--lr", "help": "learning rate for a global batch of --base-batch-size"})
+    base_batch_size: int = field(default=64, metadata={
+        "flag": "--base-batch-size", "help": "global batch that --lr is tuned for (with --scale-lr)"})
+    scale_lr: bool = field(default=True, metadata={
+        "flag": "--scale-lr", "help": "scale lr linearly with global_batch_size / base_batch_size"})
+    warmup_epochs: float = field(default=0.5, metadata={
+        "flag": "--warmup-epochs", "help": "linear learning-rate warm-up (0 switches it off)"})
+    momentum: float = field(default=0.9, metadata={"flag": "--momentum", "help": "SGD momentum"})
+    seed: int = field(default=0, metadata={"flag": "--seed", "help": "seed for model init and data order"})
+    precision: str = field(default="fp32", metadata={
+        "flag": "--precision", "help": "fp32, bf16, or fp16 with loss scaling", "choices": PRECISIONS})
+    dataset: str = field(default="mnist-embedded", metadata={
+        "flag": "--dataset", "help": "data set to train on", "choices": DATASETS})
+    data_dir: str | None = field(default=None, metadata={
+        "flag": "--data-dir", "help": "where staged MNIST / CIFAR-10 files are (default: $SCALEDL_DATA)"})
+    train_limit: int | None = field(default=None, metadata={
+        "flag": "--train-limit", "help": "use only the first N training samples (quick runs)"})
+    log_interval: int = field(default=20, metadata={"flag": "--log-interval", "help": "steps between metric reductions"})
+    out_dir: str = field(default="runs/latest", metadata={"flag": "--out-dir", "help": "metrics, checkpoints and plots go here"})
+    checkpoint_every: int = field(default=0, metadata={
+        "flag": "--checkpoint-every", "help": "save a checkpoint every N steps (0: only at the end)"})
+    resume: bool = field(default=False, metadata={"flag": "--resume", "help": "continue from OUT_DIR/checkpoint.pt"})
+    max_steps: int | None = field(default=None, metadata={"flag": "--max-steps", "help": "stop after N optimizer steps"})
+    device: str | None = field(default=None, metadata={"flag": "--device", "help": "cuda, xpu, mps or cpu (default: picked per rank)"})
+    backend: str | None = field(default=None, metadata={"flag": "--backend", "help": "nccl, xccl, ccl, gloo or mpi (default: picked from the device)"})
+    timeout: float = field(default=300.0, metadata={"flag": "--timeout", "help": "seconds a collective may wait for a peer"})
+
+    def __post_init__(self) -> None:
+        positive = ["num_epochs", "batch_size", "base_batch_size", "log_interval", "timeout", "lr"]
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{flag_of(name)} must be > 0, got {getattr(self, name)}")
+        for name in ["warmup_epochs", "checkpoint_every", "momentum"]:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{flag_of(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ["train_limit", "max_steps"]:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{flag_of(name)} must be > 0, got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def flag_of(name: str) -> str:
+    return next(f.metadata["flag"] for f in dataclasses.fields(Config) if f.name == name)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage block) and exits with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
+    """Flags for every Config field; a rung adds its own flags to the parser it gets back."""
+    parser = _OneLineParser(prog=prog, description=description,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Config):
+        kwargs = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        if f.type in ("bool",):
+            # `--scale-lr` alone means true; `--scale-lr false` switches it off.
+            kwargs.update(type=_parse_bool, nargs="?", const=True)
+        elif f.type in ("int", "int | None"):
+            kwargs["type"] = int
+        elif f.type in ("float",):
+            kwargs["type"] = float
+        parser.add_argument(f.metadata["flag"], **kwargs)
+    return parser
+
+
+def config_from_args(parser: argparse.ArgumentParser, argv=None) -> tuple[Config, argparse.Namespace]:
+    """Parse argv; return the Config and the namespace (which also holds the rung's own flags)."""
+    args = parser.parse_args(argv)
+    names = {f.name for f in dataclasses.fields(Config)}
+    try:
+        config = Config(**{k: v for k, v in vars(args).items() if k in names})
+    except ConfigError as error:
+        parser.error(str(error))
+    return config, args
+
+
+def parse_args(argv=None, prog: str | None = None) -> Config:
+    return config_from_args(build_parser(prog or sys.argv[0]), argv)[0]

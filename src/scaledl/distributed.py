@@ -1,0 +1,174 @@
+"""One call to join a distributed job under any launcher, and one to leave it.
+
+    dist = scaledl.setup()          # rank, device, backend, process group, seeds
+    ...
+    scaledl.teardown()
+
+The launcher is found by `scaledl.launch_env`; this module adds the PyTorch part: the device
+for this rank, the backend for that device, the rendezvous when the launcher gave none, and
+the process group with a timeout so that a dead peer fails the job instead of hanging it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, job_port
+
+BACKENDS = ("nccl", "xccl", "ccl", "gloo", "mpi")
+MPI_LAUNCHERS = ("openmpi", "mpich", "pals", "slurm")
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """What a training script needs to know about its place in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: "torch.device"  # noqa: F821 (torch is imported lazily)
+    backend: str
+    launcher: str
+    master_addr: str
+    master_port: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(local_rank: int, name: str | None = None):
+    """CUDA or XPU device by local rank, else MPS, else CPU; `name` ("cuda", "cpu", "xpu:1") overrides."""
+    import torch
+
+    if name:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise LaunchError(f"unknown device {name!r}: use cuda, xpu, mps or cpu") from None
+        available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                     "xpu": hasattr(torch, "xpu") and torch.xpu.is_available(),
+                     "mps": torch.backends.mps.is_available()}
+        if not available.get(device.type, False):
+            raise LaunchError(f"device {name!r} is not available on {socket.gethostname()}")
+        if device.index is None and device.type in ("cuda", "xpu"):
+            count = getattr(torch, device.type).device_count()
+            device = torch.device(device.type, local_rank % count)
+        return device
+    # Ranks per node may exceed devices per node when a launcher binds one device per rank
+    # (CUDA_VISIBLE_DEVICES / ZE_AFFINITY_MASK): each rank then sees one device, index 0.
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.device("xpu", local_rank % torch.xpu.device_count())
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_backend(device, name: str | None = None) -> str:
+    """nccl for CUDA, xccl for XPU (oneCCL's `ccl` on PyTorch before 2.8), gloo otherwise."""
+    import torch.distributed as dist
+
+    if name:
+        if name not in BACKENDS:
+            raise LaunchError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+        return name
+    if device.type == "cuda":
+        return "nccl"
+    if device.type == "xpu":
+        if getattr(dist, "is_xccl_available", lambda: False)():
+            return "xccl"
+        import oneccl_bindings_for_pytorch  # noqa: F401  registers the "ccl" backend
+
+        return "ccl"
+    return "gloo"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch the same way on every rank.
+
+    The same seed everywhere makes every rank build the same initial model, which is what
+    data parallelism assumes (DDP and Horovod also broadcast rank 0's weights, but not every
+    framework does); data order differs per rank through the sampler, not through the seed.
+    """
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _mpi4py_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def _mpi_rendezvous(info: LaunchEnv) -> tuple[str, int]:
+    """Rank 0's host name and a free port on it, broadcast over MPI."""
+    from mpi4py import MPI
+
+    mine = (info.master_addr or socket.getfqdn(), free_port()) if info.rank == 0 else None
+    return MPI.COMM_WORLD.bcast(mine, root=0)
+
+
+def setup(device: str | None = None, backend: str | None = None, timeout_s: float = 600,
+          seed: int | None = 0, init_process_group: bool = True, env=None) -> Distributed:
+    """Find this process's place in the job, pick its device and backend, and join the group.
+
+    `init_process_group=False` only finds rank and device (Horovod and TensorFlow rungs, which
+    have their own communicators).  `timeout_s` bounds every collective: a rank that dies or
+    hangs makes the others fail after that long instead of waiting forever.
+    """
+    import torch
+    import torch.distributed as dist
+
+    info = detect(env)
+    torch_device = pick_device(info.local_rank, device)
+    torch_backend = pick_backend(torch_device, backend)
+    addr, port = info.master_addr, info.master_port
+    if info.world_size == 1:
+        port = port or free_port()
+    elif port is None or addr is None:
+        # Under MPI, rank 0 names its host and a port it found free; other launchers that
+        # leave the port unset get one derived from the batch job's id.
+        if info.launcher in MPI_LAUNCHERS and _mpi4py_available():
+            addr, port = _mpi_rendezvous(info)
+        elif addr is None:
+            raise LaunchError(
+                f"{info.launcher} started {info.world_size} ranks on several nodes without "
+                "MASTER_ADDR: export MASTER_ADDR=<rank 0 host> MASTER_PORT=<port>, or install mpi4py")
+        else:
+            port = job_port(env if env is not None else os.environ)
+    # Later libraries (DeepSpeed, FSDP helpers, user code) read these names.
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(info.rank),
+                      LOCAL_RANK=str(info.local_rank), WORLD_SIZE=str(info.world_size),
+                      LOCAL_WORLD_SIZE=str(info.local_world_size))
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    elif torch_device.type == "xpu":
+        torch.xpu.set_device(torch_device)
+    if seed is not None:
+        seed_everything(seed)
+    if init_process_group and not dist.is_initialized():
+        dist.init_process_group(
+            backend=torch_backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
+            world_size=info.world_size, timeout=datetime.timedelta(seconds=timeout_s),
+            **({"device_id": torch_device} if torch_device.type == "cuda" else {}))
+    return Distributed(info.rank, info.local_rank, info.world_size, info.local_world_size,
+                       torch_device, torch_backend, info.launcher, addr, port)
+
+
+def teardown() -> None:
+    """Leave the process group (safe to call when none was joined)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,193 @@
+"""Who am I in this job?  Rank, local rank, world size and rendezvous address from any launcher.
+
+Pure functions of an environment mapping (no framework import), so every launcher's
+environment can be tested from a recording.  `scaledl.distributed` turns the result into an
+initialized process group.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+DEFAULT_PORT = 29500
+
+
+class LaunchError(RuntimeError):
+    """The launcher's environment is incomplete or contradicts itself."""
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    launcher: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+# (launcher, rank, local_rank, world_size, local_world_size) variable names, most specific
+# first.  horovodrun --gloo sets HOROVOD_*; mpirun sets OMPI_*; MPICH's hydra sets PMI_* and
+# MPI_LOCAL*; PALS (HPE Cray, Polaris and Aurora) sets PALS_* and PMI_*; srun sets SLURM_*.
+# torchrun and the deepspeed launcher set the torch.distributed names.
+_SOURCES = [
+    ("torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+    ("horovodrun", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("pals", "PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
+    ("mpich", "PMI_RANK", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), "PMI_SIZE",
+     ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
+    ("slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", None),
+]
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise LaunchError(f"{name}={env[name]!r} is not an integer: fix the launcher's environment") from None
+
+
+def _first_set(env: Mapping[str, str], names) -> str | None:
+    """The first of `names` (one name or a tuple of alternatives) that is set, else the first."""
+    if names is None or isinstance(names, str):
+        return names
+    return next((n for n in names if n in env), names[0])
+
+
+def _from_source(env: Mapping[str, str], source) -> LaunchEnv | None:
+    launcher, rank_var, local_var, size_var, local_size_var = (
+        source[0], *(_first_set(env, names) for names in source[1:]))
+    names = [n for n in (rank_var, local_var, size_var, local_size_var) if n]
+    present = [n for n in names if n in env]
+    # LOCAL_WORLD_SIZE is optional for torchrun-style launchers (the deepspeed launcher omits it).
+    required = [rank_var, size_var] + ([local_var] if launcher != "torchrun" else [])
+    if not present:
+        return None
+    missing = [n for n in required if n not in env]
+    if missing:
+        raise LaunchError(
+            f"half-set {launcher} environment: {', '.join(present)} set but {', '.join(missing)} "
+            f"missing; set all of them or none")
+    rank, world_size = _int(env, rank_var), _int(env, size_var)
+    local_rank = _int(env, local_var) if local_var in env else rank
+    if local_size_var and local_size_var in env:
+        local_world_size = _int(env, local_size_var)
+    elif launcher == "slurm":
+        local_world_size = _slurm_local_size(env, world_size)
+    else:
+        local_world_size = world_size if local_rank == rank else local_rank + 1
+    if not (0 <= rank < world_size and 0 <= local_rank < local_world_size <= world_size):
+        raise LaunchError(
+            f"inconsistent {launcher} environment: rank={rank} local_rank={local_rank} "
+            f"world_size={world_size} local_world_size={local_world_size}")
+    return LaunchEnv(launcher, rank, local_rank, world_size, local_world_size, None, None)
+
+
+def _slurm_local_size(env: Mapping[str, str], world_size: int) -> int:
+    # SLURM_TASKS_PER_NODE looks like "4(x2)" or "2,1"; the first entry is this node's count
+    # only on the first node, so prefer SLURM_NTASKS_PER_NODE when srun was given it.
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if name in env:
+            match = re.match(r"\d+", env[name])
+            if match:
+                return int(match.group())
+    return world_size
+
+
+def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Rank and world from the launcher's environment; a single process when there is none.
+
+    Every launcher that is present must agree on rank and world size: a torchrun started
+    inside an mpirun, say, with different numbers is an error, not a silent guess.
+    """
+    env = os.environ if env is None else env
+    found = [f for f in (_from_source(env, s) for s in _SOURCES) if f is not None]
+    if not found:
+        info = LaunchEnv("single", 0, 0, 1, 1, None, None)
+    else:
+        info = found[0]
+        for other in found[1:]:
+            if (other.rank, other.world_size) != (info.rank, info.world_size):
+                raise LaunchError(
+                    f"contradictory launcher environment: {info.launcher} says rank {info.rank} of "
+                    f"{info.world_size}, {other.launcher} says rank {other.rank} of {other.world_size}")
+    addr, port = rendezvous(env, info)
+    return LaunchEnv(info.launcher, info.rank, info.local_rank, info.world_size,
+                     info.local_world_size, addr, port)
+
+
+def rendezvous(env: Mapping[str, str], info: LaunchEnv) -> tuple[str | None, int | None]:
+    """MASTER_ADDR and MASTER_PORT as given, the address else from the job's node list.
+
+    None means "not known here": `scaledl.distributed` then asks rank 0 over MPI, or picks a
+    port itself (see `job_port`).
+    """
+    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None
+    addr = env.get("MASTER_ADDR") or first_node(env)
+    if addr is None and info.world_size == info.local_world_size:
+        addr = "127.0.0.1"
+    return addr, port
+
+
+def job_port(env: Mapping[str, str]) -> int:
+    """A port derived from the batch job's id, so two jobs sharing a node do not collide."""
+    job = env.get("PBS_JOBID") or env.get("SLURM_JOB_ID") or ""
+    digits = re.match(r"\d+", job)
+    return DEFAULT_PORT + int(digits.group()) % 10000 if digits else DEFAULT_PORT
+
+
+def first_node(env: Mapping[str, str]) -> str | None:
+    """The first host of a PBS or Slurm allocation (where rank 0 runs), or None."""
+    nodefile = env.get("PBS_NODEFILE")
+    if nodefile and Path(nodefile).is_file():
+        hosts = Path(nodefile).read_text().split()
+        if hosts:
+            return high_speed_name(hosts[0])
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        return expand_slurm_nodelist(nodelist)[0]
+    return None
+
+
+def high_speed_name(host: str) -> str:
+    """ALCF host names resolve to the management network; NCCL/oneCCL rendezvous must use the
+    Slingshot (hsn) interface: x3005c0s13b0n0.<anything>.polaris.alcf.anl.gov ->
+    x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov.  Other hosts are returned unchanged."""
+    match = re.fullmatch(r"([^.]+)\.(?:[^.]+\.)*?([a-z]+)\.alcf\.anl\.gov", host)
+    if not match or ".hsn." in host:
+        return host
+    short, system = match.groups()
+    return f"{short}.hsn.cm.{system}.alcf.anl.gov"
+
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """'nid[001-003,007],login1' -> ['nid001', 'nid002', 'nid003', 'nid007', 'login1'].
+
+    (`scontrol show hostnames` does this where Slurm is installed; this works on recordings.)"""
+    hosts = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            for number in range(int(low), int(high or low) + 1):
+                hosts.append(f"{prefix}{number:0{len(low)}d}")
+    return hosts
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

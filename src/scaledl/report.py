@@ -1,0 +1,42 @@
+"""The one line every run ends with, and the numbers in it.
+
+    summary rung=ddp world_size=2 samples_per_s=5012.3 test_accuracy=0.9805 peak_memory_mb=412.0
+
+The same fields go to OUT_DIR/summary.json, which `scaledl demo` collects into its table.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+from pathlib import Path
+
+
+def peak_memory_bytes(device) -> int:
+    """Peak device memory allocated by this process; peak resident memory on CPU."""
+    kind = getattr(device, "type", device)
+    if kind in ("cuda", "xpu"):
+        import torch
+
+        return int(getattr(torch, kind).max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def steady_throughput(records: list[dict]) -> float:
+    """Median samples/s over log intervals, the first one (warm-up) left out when there are more."""
+    rates = [r["samples_per_s"] for r in records if r.get("type") == "log"]
+    return statistics.median(rates[1:] if len(rates) > 1 else rates) if rates else float("nan")
+
+
+def finish(rung: str, world_size: int, history, test_accuracy: float, out_dir: str | Path,
+           memory_bytes: int, is_main: bool, **extra) -> dict:
+    """Write summary.json and print the summary line (main rank only); return the summary."""
+    summary = {"rung": rung, "world_size": world_size,
+               "samples_per_s": round(steady_throughput(history.records), 1),
+               "test_accuracy": round(test_accuracy, 4), "memory_bytes_per_rank": memory_bytes, **extra}
+    if is_main:
+        history.write({"type": "summary", **summary})
+        Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        fields = {**summary, "memory_bytes_per_rank": None, "peak_memory_mb": round(memory_bytes / 2**20, 1)}
+        print("summary " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None), flush=True)
+    return summary

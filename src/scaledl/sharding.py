@@ -1,0 +1,109 @@
+"""Give each rank its own part of the data, by GLOBAL rank.
+
+Sharding by local rank is the classic multi-node bug: rank 0 on node 0 and rank 4 on node 1
+both have local rank 0, so they train on the same samples and half the data is never seen.
+
+Training uses PyTorch's `DistributedSampler` (call `set_epoch` every epoch, or every epoch
+repeats the first one's order) or tf.data's `shard`.  Evaluation must count every sample
+exactly once: `DistributedSampler` pads the last shard with repeats so that all ranks get
+the same number of batches, which would skew the reported accuracy, so `eval_indices` and
+`evaluate_torch` use unpadded strided shards and sum the counts across ranks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from scaledl.datasets import Dataset
+
+
+def eval_indices(num_samples: int, rank: int, world_size: int) -> np.ndarray:
+    """Sample indices rank `rank` evaluates: every index in exactly one rank, no padding."""
+    return np.arange(rank, num_samples, world_size)
+
+
+def torch_train_loader(data: Dataset, batch_size: int, rank: int, world_size: int, seed: int,
+                       drop_last: bool = True):
+    """A DataLoader over this rank's shard of the training set (tensors kept in memory).
+
+    `loader.sampler.skip_batches(n)` resumes mid-epoch: the sampler's order is a function of
+    (seed, epoch), so skipping the batches already trained gives the uninterrupted run's next one.
+    """
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    x = torch.from_numpy(data.normalized(data.x_train)).permute(0, 3, 1, 2).contiguous()
+    dataset = TensorDataset(x, torch.from_numpy(data.y_train))
+    # DistributedSampler with num_replicas=1 is a seeded shuffle: one code path for every world size.
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=drop_last)
+    return DataLoader(dataset, batch_size=batch_size, sampler=_Resumable(sampler, batch_size), drop_last=drop_last)
+
+
+class _Resumable:
+    """Wraps a DistributedSampler: can drop the first batches of the next epoch only."""
+
+    def __init__(self, sampler, batch_size: int):
+        self.sampler, self.batch_size, self.skip = sampler, batch_size, 0
+
+    def skip_batches(self, count: int) -> None:
+        self.skip = count * self.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        indices = list(self.sampler)[self.skip:]
+        self.skip = 0
+        return iter(indices)
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.skip
+
+
+def torch_test_tensors(data: Dataset, rank: int, world_size: int):
+    """This rank's unpadded shard of the test set, as (images NCHW, labels) tensors."""
+    import torch
+
+    index = eval_indices(len(data.y_test), rank, world_size)
+    x = torch.from_numpy(data.normalized(data.x_test[index])).permute(0, 3, 1, 2).contiguous()
+    return x, torch.from_numpy(data.y_test[index])
+
+
+def evaluate_torch(model, data: Dataset, rank: int, world_size: int, device, batch_size: int = 1000,
+                   all_reduce=None) -> tuple[float, float]:
+    """(mean loss, accuracy) over the whole test set, each sample counted once across ranks.
+
+    `all_reduce` sums a 1-D tensor across ranks (torch.distributed's by default when a
+    process group is up; pass Horovod's for Horovod rungs).
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    x, y = torch_test_tensors(data, rank, world_size)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
+            logits = model(xb).float()
+            totals += torch.stack([F.cross_entropy(logits, yb, reduction="sum").double(),
+                                   (logits.argmax(1) == yb).sum().double(),
+                                   torch.tensor(float(len(yb)), dtype=torch.float64, device=device)])
+    model.train()
+    if all_reduce is not None:
+        totals = all_reduce(totals)
+    elif world_size > 1 and dist.is_initialized():
+        dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return loss_sum / count, correct / count
+
+
+def tf_train_dataset(data: Dataset, batch_size: int, rank: int, world_size: int, seed: int, epoch: int = 0):
+    """tf.data pipeline over this rank's shard; reshuffled per epoch like `set_epoch` does."""
+    import tensorflow as tf
+
+    x, y = data.normalized(data.x_train), data.y_train
+    order = np.random.default_rng(seed + epoch).permutation(len(y))
+    dataset = tf.data.Dataset.from_tensor_slices((x[order], y[order])).shard(world_size, rank)
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,78 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, run
+from scaledl import checkpoint, launchers
+from scaledl.checkpoint import CheckpointError
+
+RUNG = [sys.executable, "-m", "scaledl.ladder.single_torch", "--epochs", "2", "--train-limit", "1280",
+        "--batch-size", "32", "--log-interval", "5"]
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    torch.manual_seed(123)
+    path = checkpoint.save(tmp_path / "c.pt", model=model, optimizer=optimizer, epoch=1, step=7)
+    expected_draw = torch.rand(3)
+    other = torch.nn.Linear(4, 2)
+    other_optimizer = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    state = checkpoint.load(path, model=other, optimizer=other_optimizer)
+    assert (state["epoch"], state["step"]) == (1, 7)
+    assert torch.equal(other.weight, model.weight)
+    assert other_optimizer.state_dict()["state"][0]["momentum_buffer"].equal(
+        optimizer.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(torch.rand(3), expected_draw)  # RNG restored to the moment of saving
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
+
+
+def test_non_main_rank_writes_nothing(tmp_path):
+    assert checkpoint.save(tmp_path / "c.pt", model=small_model(), is_main=False) is None
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, damage):
+    path = checkpoint.save(tmp_path / "c.pt", model=small_model())
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"not a checkpoint" * 10)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        checkpoint.load(path, model=small_model())
+
+
+def test_missing_checkpoint_says_how_to_start_fresh(tmp_path):
+    with pytest.raises(CheckpointError, match="run without --resume"):
+        checkpoint.load(tmp_path / "nothing.pt")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_parameters(tmp_path):
+    run(RUNG + ["--out-dir", str(tmp_path / "whole")], nproc=1)
+    interrupted = tmp_path / "interrupted"
+    process = subprocess.Popen(RUNG + ["--out-dir", str(interrupted), "--checkpoint-every", "7"],
+                               env=launchers.local_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (interrupted / "checkpoint.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = torch.load(interrupted / "checkpoint.pt", weights_only=True)["step"]
+    run(RUNG + ["--out-dir", str(interrupted), "--checkpoint-every", "7", "--resume"], nproc=1)
+    whole = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    resumed = torch.load(interrupted / "checkpoint.pt", weights_only=True)
+    assert killed_at < resumed["step"] == whole["step"] == 80
+    for name, tensor in whole["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name

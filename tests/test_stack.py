@@ -1,0 +1,96 @@
+"""The environment `make setup` builds: every framework, built the way the ladder needs it."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PROBES, ROOT, reports, run, tool
+from scaledl import launchers
+
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+def pyproject_pins() -> set[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return set(project["dependencies"]).union(*project["optional-dependencies"].values())
+
+
+def test_every_requirement_is_pinned():
+    loose = [r for r in pyproject_pins() if not re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.+]*", r)]
+    assert not loose, f"unpinned requirements in pyproject.toml: {loose}"
+
+
+def test_environment_yml_names_the_same_packages_and_versions():
+    text = (ROOT / "environment.yml").read_text()
+    pip_section = text.split("- pip:", 1)[1]
+    conda_pins = set(re.findall(r"^\s+- ([A-Za-z0-9_.\-]+==[^\s]+)\s*$", pip_section, re.M))
+    # Horovod is built by tools/build_horovod.sh (the comment at the top of environment.yml says how).
+    expected = {p for p in pyproject_pins() if not p.startswith("horovod==")}
+    assert conda_pins == expected
+    assert "conda-forge" in text and "defaults" not in text
+
+
+def test_installed_versions_match_the_pins():
+    from importlib.metadata import version
+
+    for requirement in pyproject_pins():
+        name, pinned = requirement.split("==")
+        installed = version(name)
+        # torch's CPU wheel carries a local label: 2.13.0+cpu satisfies ==2.13.0.
+        assert installed.split("+")[0] == pinned, f"{name} {installed} installed, {pinned} pinned"
+
+
+def test_horovod_check_build_has_tensorflow_pytorch_mpi_and_gloo():
+    output = subprocess.run([tool("horovodrun"), "--check-build"], capture_output=True, text=True,
+                            check=True).stdout
+    for feature in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
+        assert re.search(rf"\[X\] {feature}\b", output), f"{feature} missing from:\n{output}"
+
+
+def test_horovod_extensions_really_load():
+    # --check-build prints [X] PyTorch even when the extension failed to import; import both.
+    code = ("import horovod.torch.mpi_lib_v2; from horovod.tensorflow import mpi_ops; "
+            "import horovod.torch as hvd; print(hvd.mpi_built(), hvd.gloo_built())")
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert output.split() == ["True", "True"]
+
+
+def test_deepspeed_cpu_ops_are_prebuilt():
+    code = ("from deepspeed.ops.op_builder import CPUAdamBuilder, ShareMemCommBuilder; "
+            "import deepspeed.ops.adam.cpu_adam; "
+            "print(CPUAdamBuilder().is_compatible(), ShareMemCommBuilder().is_compatible())")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                   env=launchers.local_env(1))
+    import deepspeed.ops
+
+    installed = Path(deepspeed.ops.__file__).parent
+    assert list(installed.rglob("cpu_adam*.so")), "cpu_adam was not compiled into the wheel"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+@pytest.mark.parametrize("launch", ["horovodrun-gloo", "horovodrun-mpi", "mpirun"])
+def test_horovod_two_process_allreduce(framework, launch):
+    if launch == "mpirun":
+        command = launchers.mpirun(2, "horovod_probe", [framework])
+    else:
+        command = launchers.horovodrun(2, "horovod_probe", [framework], controller=launch.split("-")[1])
+    found = reports(run(command, timeout=300).stdout)
+    assert [r["rank"] for r in found] == [0, 1]
+    assert all(r["world_size"] == 2 and r["allreduce_sum"] == 3.0 for r in found)
+    assert all(r["mpi"] == (launch != "horovodrun-gloo") for r in found)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["deepspeed", "torchrun"])
+def test_deepspeed_two_process_step(launch):
+    command = launchers.for_launcher(launch, 2, "deepspeed_probe", ["1"])
+    found = reports(run(command, timeout=400).stdout)
+    assert [r["rank"] for r in found] == [0, 1]
+    assert found[0]["world_size"] == 2
+    # ZeRO-1 shards optimizer state; after the step both ranks must hold the same parameters.
+    assert found[0]["param_sum"] == pytest.approx(found[1]["param_sum"], abs=0)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Create .venv with every pinned framework, Open MPI and Horovod; safe to run again.
+# Called by `make setup`; the Makefile skips it when nothing it depends on has changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=.venv
+python=${PYTHON:-python3}
+cache=${SCALEDL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scaledl/wheels}
+log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Horovod and mpi4py need an MPI with its headers; Debian's Open MPI is the one we test.
+if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null; then
+    log "installing Open MPI from Debian's packages"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+
+[ -x "$venv/bin/python" ] || { log "creating $venv"; "$python" -m venv "$venv"; }
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+pins() { "$venv/bin/python" tools/pins.py "$@"; }
+
+log "installing torch and TensorFlow (needed before Horovod and DeepSpeed are built)"
+pip install $(pins core torch tensorflow mpi) $(pins horovod | grep -v '^horovod==') \
+    $(pins deepspeed | grep -v '^deepspeed==') wheel
+
+# Both compiled packages are built once per set of inputs into a cache outside the clone,
+# so a fresh clone (as CI uses) only installs the cached wheels.
+key=$( { cat tools/build_horovod.sh tools/build_deepspeed.sh; pins torch tensorflow horovod deepspeed; \
+         mpirun --version | head -1; } | sha256sum | cut -c1-12)
+wheels="$cache/$key"
+mkdir -p "$wheels"
+if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
+    log "building Horovod into $wheels (about 17 min on 2 cores, once)"
+    VENV="$venv" bash tools/build_horovod.sh "$wheels"
+fi
+if ! ls "$wheels"/deepspeed-*.whl >/dev/null 2>&1; then
+    log "building DeepSpeed with its CPU ops into $wheels (about 5 min, once)"
+    VENV="$venv" bash tools/build_deepspeed.sh "$wheels"
+fi
+
+log "installing Horovod, DeepSpeed, the notebook and test tools, and scaledl (editable)"
+pip install --no-deps "$wheels"/horovod-*.whl "$wheels"/deepspeed-*.whl
+pip install $(pins deepspeed horovod notebooks test) -e ".[torch,tensorflow,mpi,horovod,deepspeed,notebooks,test]"
+log "done: $("$venv/bin/python" -c 'import torch, tensorflow as tf, horovod, deepspeed; print(f"torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null)"
