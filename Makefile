@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-export DS_ACCELERATOR ?= cpu
+export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: setup demo test lab exercises clean
 

@@ -26,7 +26,7 @@ class Config:
     num_epochs: int = field(default=3, metadata={"flag": "--epochs", "help": "passes over the training set"})
     batch_size: int = field(default=64, metadata={
         "flag": "--batch-size", "help": "micro batch per rank; the global batch is this times world_size"})
-    lr: float = field(default=0.01, metadata={"flag": "--lr", "help": "learning rate for a global batch of --base-batch-size"})
+    lr: float = field(default=0.03, metadata={"flag": "--lr", "help": "learning rate for a global batch of --base-batch-size"})
     base_batch_size: int = field(default=64, metadata={
         "flag": "--base-batch-size", "help": "global batch that --lr is tuned for (with --scale-lr)"})
     scale_lr: bool = field(default=True, metadata={

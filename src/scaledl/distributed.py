@@ -172,3 +172,35 @@ def teardown() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def params_fingerprint(model) -> str:
+    """A hash of the model's parameters and buffers: equal <=> bit-identical values."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        # Raw bytes, since bf16 has no NumPy type.
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def params_in_sync(model, all_gather_object=None) -> bool:
+    """True when every rank holds bit-identical parameters (data parallelism's invariant).
+
+    Each rank hashes its parameters and the hashes are all-gathered (torch.distributed's
+    default group, or `all_gather_object(obj) -> list` such as Horovod's): cheap enough to
+    run at the end of every training run, and a failed gradient average shows up at once.
+    """
+    import torch.distributed as dist
+
+    mine = params_fingerprint(model)
+    if all_gather_object is not None:
+        return len(set(all_gather_object(mine))) == 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, mine)
+    return len(set(digests)) == 1

@@ -21,6 +21,7 @@ def local_env(nproc: int, base: dict | None = None) -> dict:
     if nproc > (os.cpu_count() or 1):
         env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     env.setdefault("DS_ACCELERATOR", _deepspeed_accelerator())
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner, once per rank
     return env
 
 

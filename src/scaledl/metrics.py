@@ -73,6 +73,7 @@ class History:
                  resume: bool = False):
         self.rank, self.world_size, self.gather = rank, world_size, gather
         self.records: list[dict] = []
+        self.total_steps = 0
         self.path = Path(out_dir) / "metrics.jsonl" if out_dir is not None else None
         self._reset()
         if self.path is not None and rank == 0:
@@ -95,8 +96,14 @@ class History:
         self._sums = pair if self._sums is None else (self._sums[0] + loss_sum, self._sums[1] + correct)
         self._samples += batch_size
         self._steps += 1
+        self.total_steps += 1
 
-    def log(self, step: int, epoch: float, **extra) -> dict | None:
+    @property
+    def pending_steps(self) -> int:
+        """Steps added since the last log (the last interval of a run may be short)."""
+        return self._steps
+
+    def log(self, step: int, epoch: float | None = None, **extra) -> dict | None:
         """Reduce across ranks (one collective; every rank must call it), record, reset.
 
         Reading the sums waits for the device, so the interval's clock is read after it: the
@@ -109,7 +116,7 @@ class History:
         self._reset()
         if self.rank != 0:
             return None
-        record = {"type": "log", "step": step, "epoch": round(epoch, 4),
+        record = {"type": "log", "step": step, "epoch": None if epoch is None else round(epoch, 4),
                   **summarize(rows), **extra}
         return self.write(record)
 

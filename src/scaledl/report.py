@@ -30,7 +30,11 @@ def steady_throughput(records: list[dict]) -> float:
 
 def finish(rung: str, world_size: int, history, test_accuracy: float, out_dir: str | Path,
            memory_bytes: int, is_main: bool, **extra) -> dict:
-    """Write summary.json and print the summary line (main rank only); return the summary."""
+    """Write summary.json and print the summary line (main rank only); return the summary.
+
+    Every rank must call it: it logs the steps left since the last log interval (a collective)."""
+    if history.pending_steps:
+        history.log(history.total_steps)
     summary = {"rung": rung, "world_size": world_size,
                "samples_per_s": round(steady_throughput(history.records), 1),
                "test_accuracy": round(test_accuracy, 4), "memory_bytes_per_rank": memory_bytes, **extra}

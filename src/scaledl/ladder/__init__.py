@@ -5,5 +5,6 @@ multi-process rung (torchrun, mpiexec, srun, ...), this is only the demo's choic
 """
 RUNGS = {
     "single_torch": "python",
+    "horovod_torch": "horovodrun",
     "ddp": "torchrun",
 }

@@ -50,7 +50,7 @@ class Trainer:
         with precision.autocast(self.dist.device, self.config.precision):
             logits = self.model(x)
             loss = F.cross_entropy(logits.float(), y)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -94,7 +94,8 @@ def run(config: config_lib.Config) -> dict:
         trainer.train()
         test_loss, test_accuracy = trainer.evaluate()
         return report.finish(RUNG, dist.world_size, trainer.history, test_accuracy, config.out_dir,
-                             report.peak_memory_bytes(dist.device), dist.is_main)
+                             report.peak_memory_bytes(dist.device), dist.is_main,
+                             params_in_sync=distributed.params_in_sync(trainer.model))  # New Code #
     finally:
         distributed.teardown()  # New Code #
 

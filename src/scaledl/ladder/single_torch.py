@@ -45,7 +45,7 @@ class Trainer:
         with precision.autocast(self.dist.device, self.config.precision):
             logits = self.model(x)
             loss = F.cross_entropy(logits.float(), y)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()

@@ -1,0 +1,68 @@
+"""Every rung trains for real to >= 95% on the embedded MNIST, with its real launcher."""
+import difflib
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import PROBES, ROOT, reports, run, tool
+from scaledl import launchers
+
+LADDER = ROOT / "src" / "scaledl" / "ladder"
+
+
+def train(launcher, rung, out_dir, *args, nproc=2):
+    command = launchers.for_launcher(launcher, nproc, f"scaledl.ladder.{rung}", ["--out-dir", str(out_dir), *args])
+    output = run(command, timeout=600, nproc=nproc).stdout
+    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    assert f"summary rung={rung} world_size={summary['world_size']}" in output
+    return summary
+
+
+@pytest.mark.slow
+def test_single_torch_reaches_95_percent(tmp_path):
+    summary = train("python", "single_torch", tmp_path, nproc=1)
+    assert summary["world_size"] == 1 and summary["test_accuracy"] >= 0.95
+    assert summary["samples_per_s"] > 0 and summary["memory_bytes_per_rank"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["type"] == "config" and lines[-1]["type"] == "summary"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_ddp_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher):
+    summary = train(launcher, "ddp", tmp_path)
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    assert summary["params_in_sync"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, options", [("horovodrun", []), ("mpirun", ["--fp16-allreduce", "--precision", "bf16"])])
+def test_horovod_torch_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, options):
+    summary = train(launcher, "horovod_torch", tmp_path, *options)
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    assert summary["params_in_sync"] is True
+
+
+@pytest.mark.slow
+def test_params_in_sync_detects_a_difference():
+    found = reports(run([tool("torchrun"), "--standalone", "--nproc_per_node=2", str(PROBES / "sync_probe.py")]).stdout)
+    assert [(r["same"], r["after_change"]) for r in found] == [(True, False), (True, False)]
+
+
+def code_lines(path):
+    """The rung's lines after its module docstring."""
+    text = path.read_text()
+    return text[text.index('"""', 3) + 3:].splitlines()
+
+
+@pytest.mark.parametrize("base, rung", [("single_torch", "ddp"), ("single_torch", "horovod_torch")])
+def test_each_rung_is_a_small_marked_diff_of_the_one_before(base, rung):
+    diff = list(difflib.unified_diff(code_lines(LADDER / f"{base}.py"), code_lines(LADDER / f"{rung}.py"),
+                                     lineterm="", n=0))[2:]
+    changed = [line for line in diff if line[:1] in "+-"]
+    assert len(changed) <= 40, "\n".join(diff)
+    hunks = "\n".join(diff).split("\n@@")
+    # Every change a learner sees is marked, so they can find what the framework needs.
+    unmarked = [hunk for hunk in hunks if "+" in hunk and "# New Code #" not in hunk and "RUNG =" not in hunk]
+    assert not unmarked, "hunks without a # New Code # marker:\n" + "\n---\n".join(unmarked)
