@@ -19,7 +19,8 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null; then
 fi
 
 [ -x "$venv/bin/python" ] || { log "creating $venv"; "$python" -m venv "$venv"; }
-pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+# (Some machines configure index paths that do not exist; pip warns once per package about them.)
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
 pins() { "$venv/bin/python" tools/pins.py "$@"; }
 
 log "installing torch and TensorFlow (needed before Horovod and DeepSpeed are built)"

@@ -176,15 +176,13 @@ def teardown() -> None:
 
 def params_fingerprint(model) -> str:
     """A hash of the model's parameters and buffers: equal <=> bit-identical values."""
-    import hashlib
-
     import torch
 
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        # Raw bytes, since bf16 has no NumPy type.
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    from scaledl.report import fingerprint
+
+    # Raw bytes, since bf16 has no NumPy type.
+    return fingerprint(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                       for tensor in model.state_dict().values())
 
 
 def params_in_sync(model, all_gather_object=None) -> bool:

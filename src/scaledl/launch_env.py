@@ -72,7 +72,9 @@ def _from_source(env: Mapping[str, str], source) -> LaunchEnv | None:
     present = [n for n in names if n in env]
     # LOCAL_WORLD_SIZE is optional for torchrun-style launchers (the deepspeed launcher omits it).
     required = [rank_var, size_var] + ([local_var] if launcher != "torchrun" else [])
-    if not present:
+    # A launcher is there when its rank or local-rank variable is: PMI_SIZE alone is shared
+    # by MPICH and PALS, and WORLD_SIZE alone is set by some batch scripts for other reasons.
+    if rank_var not in env and local_var not in env:
         return None
     missing = [n for n in required if n not in env]
     if missing:

@@ -6,6 +6,7 @@ The same fields go to OUT_DIR/summary.json, which `scaledl demo` collects into i
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import statistics
@@ -20,6 +21,14 @@ def peak_memory_bytes(device) -> int:
 
         return int(getattr(torch, kind).max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def fingerprint(buffers) -> str:
+    """A hash of raw parameter bytes: equal on two ranks <=> bit-identical parameters."""
+    digest = hashlib.sha256()
+    for buffer in buffers:
+        digest.update(buffer)
+    return digest.hexdigest()
 
 
 def steady_throughput(records: list[dict]) -> float:

@@ -107,3 +107,23 @@ def tf_train_dataset(data: Dataset, batch_size: int, rank: int, world_size: int,
     order = np.random.default_rng(seed + epoch).permutation(len(y))
     dataset = tf.data.Dataset.from_tensor_slices((x[order], y[order])).shard(world_size, rank)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def evaluate_tf(model, data: Dataset, rank: int, world_size: int, batch_size: int = 1000,
+                all_reduce=None) -> tuple[float, float]:
+    """evaluate_torch for Keras models; `all_reduce` sums a 1-D tensor across ranks (Horovod's)."""
+    import tensorflow as tf
+
+    index = eval_indices(len(data.y_test), rank, world_size)
+    x, y = data.normalized(data.x_test[index]), data.y_test[index]
+    totals = tf.zeros(3, tf.float64)  # loss sum, correct, count
+    for start in range(0, len(y), batch_size):
+        logits = tf.cast(model(x[start:start + batch_size], training=False), tf.float32)
+        labels = y[start:start + batch_size]
+        loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        correct = tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == labels, tf.float64))
+        totals += tf.stack([tf.reduce_sum(tf.cast(loss, tf.float64)), correct, float(len(labels))])
+    if all_reduce is not None:
+        totals = all_reduce(totals)
+    loss_sum, correct, count = totals.numpy().tolist()
+    return loss_sum / count, correct / count

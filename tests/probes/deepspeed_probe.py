@@ -5,11 +5,12 @@ import sys
 import deepspeed
 import torch
 
-stage = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+stage = int(next((a for a in sys.argv[1:] if not a.startswith("--local_rank")), 0))  # the launcher adds --local_rank
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 2)
 config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-          "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": stage}}
+          "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": stage},
+          "zero_allow_untested_optimizer": True}
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 rank = engine.global_rank
 generator = torch.Generator().manual_seed(rank)

@@ -5,6 +5,8 @@ multi-process rung (torchrun, mpiexec, srun, ...), this is only the demo's choic
 """
 RUNGS = {
     "single_torch": "python",
+    "single_tf": "python",
+    "horovod_tf": "horovodrun",
     "horovod_torch": "horovodrun",
     "ddp": "torchrun",
 }

@@ -1,0 +1,34 @@
+"""`scaledl demo`: the README's first command, shortened: one row per rung, none failed."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tool
+from scaledl import launchers
+from scaledl.ladder import RUNGS
+
+
+@pytest.mark.slow
+def test_demo_runs_every_rung(tmp_path):
+    result = subprocess.run([tool("scaledl"), "demo", "--out-dir", str(tmp_path), "--epochs", "1",
+                             "--train-limit", "4096", "--log-interval", "4"],
+                            capture_output=True, text=True, timeout=1800, env=launchers.local_env(2))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "demo.json").read_text())
+    assert [row["rung"] for row in rows] == list(RUNGS)
+    assert all(row["ok"] for row in rows)
+    for row in rows:
+        assert row["samples_per_s"] > 0 and 0.5 < row["test_accuracy"] <= 1
+        assert row["world_size"] == (1 if RUNGS[row["rung"]] == "python" else 2)
+        assert row["rung"] in result.stdout
+    assert (tmp_path / "demo.png").stat().st_size > 5000
+
+
+def test_unknown_rung_is_a_one_line_error(tmp_path):
+    result = subprocess.run([tool("scaledl"), "demo", "--rungs", "nope", "--out-dir", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "unknown rung nope" in result.stderr
+    assert not list(tmp_path.iterdir())
