@@ -19,7 +19,7 @@ PROBES = Path(__file__).resolve().parent / "probes"
 def run(command: list[str], timeout: float = 300, env: dict | None = None, nproc: int = 2,
         cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run a launcher command to completion; fail the test with its output if it does not exit 0."""
-    full_env = launchers.local_env(nproc, env)
+    full_env = launchers.local_env(nproc, {**os.environ, **(env or {})})
     full_env["PYTHONPATH"] = os.pathsep.join([str(PROBES), full_env.get("PYTHONPATH", "")])
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
     if result.returncode != 0:

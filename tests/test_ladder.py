@@ -59,6 +59,15 @@ def test_horovod_tf_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, op
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("launcher, options", [("deepspeed", ["--zero-stage", "2"]),
+                                               ("torchrun", ["--zero-stage", "3", "--offload-optimizer", "--offload-params"])])
+def test_deepspeed_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, options):
+    summary = train(launcher, "deepspeed", tmp_path, *options)
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    assert summary["params_in_sync"] is True and summary["zero_stage"] == int(options[1])
+
+
+@pytest.mark.slow
 def test_params_in_sync_detects_a_difference():
     found = reports(run([tool("torchrun"), "--standalone", "--nproc_per_node=2", str(PROBES / "sync_probe.py")]).stdout)
     assert [(r["same"], r["after_change"]) for r in found] == [(True, False), (True, False)]
@@ -71,9 +80,9 @@ def code_lines(path):
 
 
 # The limits are what each framework needs, kept from growing; horovod_tf carries two APIs
-# (DistributedGradientTape and Keras' model.fit).
+# (DistributedGradientTape and Keras' model.fit), deepspeed builds its JSON config from the flags.
 @pytest.mark.parametrize("base, rung, limit", [("single_torch", "ddp", 40), ("single_torch", "horovod_torch", 45),
-                                               ("single_tf", "horovod_tf", 75)])
+                                               ("single_tf", "horovod_tf", 75), ("ddp", "deepspeed", 90)])
 def test_each_rung_is_a_small_marked_diff_of_the_one_before(base, rung, limit):
     diff = list(difflib.unified_diff(code_lines(LADDER / f"{base}.py"), code_lines(LADDER / f"{rung}.py"),
                                      lineterm="", n=0))[2:]

@@ -45,3 +45,16 @@ def test_history_reduces_across_two_real_ranks(tmp_path):
     assert found[0]["record"]["step_time_max"] >= found[0]["record"]["step_time_min"]
     assert found[1]["record"] is None  # only rank 0 records and writes
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
+
+
+def test_tensorboard_events_are_written(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    history = History(tmp_path, tensorboard=True)
+    for step in range(1, 5):
+        history.step(torch.tensor(1.0 / step), torch.tensor(2), batch_size=4)
+        history.log(step)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("loss")] == [1, 2, 3, 4]
+    assert events.Scalars("loss")[-1].value == pytest.approx(0.25 / 4)

@@ -14,7 +14,23 @@ def main(argv=None) -> int:
     demo.add_argument("--out-dir", default="runs/demo")
     demo.add_argument("--rungs", nargs="+", help="only these rungs (default: all)")
     demo.add_argument("-n", "--nproc", type=int, help="processes per multi-process rung (default: devices, or 2)")
+    exercises = commands.add_parser("exercises", help="generate exercises/ from solutions/")
+    exercises.add_argument("--solutions", default="solutions")
+    exercises.add_argument("--out", default="exercises")
+    exercises.add_argument("--check", action="store_true", help="only report exercises that are out of date")
     args, rest = parser.parse_known_args(argv)
+    if args.command != "demo" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "exercises":
+        from scaledl.exercises import MarkerError, generate
+
+        try:
+            changed = generate(args.solutions, args.out, args.check)
+        except MarkerError as error:
+            parser.error(str(error))
+        for path in changed:
+            print(f"{'out of date' if args.check else 'wrote'}: {path}")
+        return 1 if args.check and changed else 0
     if args.command == "demo":
         from scaledl import demo as demo_lib
         from scaledl.ladder import RUNGS

@@ -43,6 +43,7 @@ class Config:
         "flag": "--data-dir", "help": "where staged MNIST / CIFAR-10 files are (default: $SCALEDL_DATA)"})
     train_limit: int | None = field(default=None, metadata={
         "flag": "--train-limit", "help": "use only the first N training samples (quick runs)"})
+    tensorboard: bool = field(default=False, metadata={"flag": "--tensorboard", "help": "also write TensorBoard events to OUT_DIR/tensorboard"})
     log_interval: int = field(default=20, metadata={"flag": "--log-interval", "help": "steps between metric reductions"})
     out_dir: str = field(default="runs/latest", metadata={"flag": "--out-dir", "help": "metrics, checkpoints and plots go here"})
     checkpoint_every: int = field(default=0, metadata={

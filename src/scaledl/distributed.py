@@ -171,6 +171,9 @@ def teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # All ranks leave together: a rank that destroys its group while a peer is still
+        # in the last collective can abort the peer's communication threads (seen with gloo).
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -70,12 +70,18 @@ def summarize(per_rank: np.ndarray) -> dict:
 class History:
     def __init__(self, out_dir: str | Path | None, rank: int = 0, world_size: int = 1,
                  gather: Gather = local_gather, config: dict | None = None, run_info: dict | None = None,
-                 resume: bool = False):
+                 resume: bool = False, tensorboard: bool = False):
         self.rank, self.world_size, self.gather = rank, world_size, gather
         self.records: list[dict] = []
         self.total_steps = 0
         self.path = Path(out_dir) / "metrics.jsonl" if out_dir is not None else None
         self._reset()
+        self.tensorboard = None
+        if tensorboard and rank == 0 and out_dir is not None:
+            # PyTorch's writer needs only the tensorboard package (TensorFlow installs it).
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(Path(out_dir) / "tensorboard"))
         if self.path is not None and rank == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             header = {"type": "config", "config": config or {}, "run": {
@@ -126,6 +132,11 @@ class History:
         if self.path is not None and self.rank == 0:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None and record.get("type") == "log":
+            for key, value in record.items():
+                if key not in ("type", "step", "epoch") and isinstance(value, (int, float)):
+                    self.tensorboard.add_scalar(key, value, record["step"])
+            self.tensorboard.flush()
         return record
 
 

@@ -9,4 +9,5 @@ RUNGS = {
     "horovod_tf": "horovodrun",
     "horovod_torch": "horovodrun",
     "ddp": "torchrun",
+    "deepspeed": "deepspeed",
 }

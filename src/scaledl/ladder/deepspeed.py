@@ -49,7 +49,7 @@ class Trainer:
             self.train_loader.sampler.skip_batches(self.step - self.epoch * self._steps_per_epoch())
         self.history = History(config.out_dir, dist.rank, dist.world_size, gather=torch_gather,  # New Code #
                                config=config.to_dict(),
-                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume)
+                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume, tensorboard=config.tensorboard)
 
     def _steps_per_epoch(self) -> int:
         return len(self.data.y_train) // (self.config.batch_size * self.dist.world_size)
@@ -102,6 +102,9 @@ def deepspeed_config(config: config_lib.Config, args, world_size: int) -> dict: 
         "gradient_accumulation_steps": 1,
         "train_batch_size": config.batch_size * world_size,
         "zero_optimization": zero,
+        # DeepSpeed clips the gradient norm to 1.0 unless told otherwise; no other rung clips,
+        # and a silent clip makes the same run train differently here.
+        "gradient_clipping": 0.0,
         "bf16": {"enabled": config.precision == "bf16"},
         "fp16": {"enabled": config.precision == "fp16", "initial_scale_power": 16},
         # ZeRO partitions any torch optimizer's state; DeepSpeed only tests its own Adam variants

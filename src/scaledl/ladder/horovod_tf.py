@@ -46,7 +46,7 @@ class Trainer:
         self.step = 0
         self.history = History(config.out_dir, info.rank, info.world_size, config=config.to_dict(),
                                gather=lambda vector: hvd.allgather(tf.constant(vector[None])).numpy(),  # New Code #
-                               run_info={"rung": RUNG, "device": "tensorflow"})
+                               run_info={"rung": RUNG, "device": "tensorflow"}, tensorboard=config.tensorboard)
 
     def _steps_per_epoch(self) -> int:
         return len(self.data.y_train) // (self.config.batch_size * self.info.world_size)
@@ -88,7 +88,12 @@ class Trainer:
                         self.log.info("epoch %d step %d loss %.4f acc %.3f %.0f samples/s", epoch, self.step,
                                       record["loss"], record["accuracy"], record["samples_per_s"])
                 if self.config.max_steps and self.step >= self.config.max_steps:
-                    return
+                    return self.save()
+        self.save()
+
+    def save(self) -> None:
+        if self.info.is_main:
+            self.model.save_weights(f"{self.config.out_dir}/model.weights.h5")
 
     def train_keras_fit(self) -> None:  # New Code #: the same training through Horovod's Keras API
         optimizer = hvd_keras.DistributedOptimizer(self.optimizer, compression=self.compression())
@@ -97,7 +102,8 @@ class Trainer:
         steps_per_epoch = self._steps_per_epoch()
         callbacks = [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
                      hvd_keras.callbacks.MetricAverageCallback(),
-                     tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: self.optimizer.learning_rate.assign(
+                     # DistributedOptimizer made a new optimizer: set the rate on the one compiled in.
+                     tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: self.model.optimizer.learning_rate.assign(
                          self.lr_at(self.step + batch)))]
         for epoch in range(self.config.num_epochs):
             batches = sharding.tf_train_dataset(self.data, self.config.batch_size, self.info.rank,
@@ -110,6 +116,7 @@ class Trainer:
                                 "samples_per_s": samples / (time.perf_counter() - started)})
             self.log.info("epoch %d loss %.4f acc %.3f (averaged over ranks)", epoch, result.history["loss"][-1],
                           result.history["accuracy"][-1])
+        self.save()
 
     def evaluate(self) -> tuple[float, float]:
         return sharding.evaluate_tf(self.model, self.data, self.info.rank, self.info.world_size,

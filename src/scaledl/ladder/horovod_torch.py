@@ -48,7 +48,7 @@ class Trainer:
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
         self.history = History(config.out_dir, dist.rank, dist.world_size, config=config.to_dict(),
                                gather=lambda vector: hvd.allgather(torch.from_numpy(vector)[None]).numpy(),  # New Code #
-                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume)
+                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume, tensorboard=config.tensorboard)
 
     def _steps_per_epoch(self) -> int:
         return len(self.data.y_train) // (self.config.batch_size * self.dist.world_size)

@@ -37,7 +37,7 @@ class Trainer:
         self.lr_at = schedule.for_config(config, info.world_size, self._steps_per_epoch())
         self.step = 0
         self.history = History(config.out_dir, info.rank, info.world_size, config=config.to_dict(),
-                               run_info={"rung": RUNG, "device": "tensorflow"})
+                               run_info={"rung": RUNG, "device": "tensorflow"}, tensorboard=config.tensorboard)
 
     def _steps_per_epoch(self) -> int:
         return len(self.data.y_train) // (self.config.batch_size * self.info.world_size)
@@ -72,7 +72,12 @@ class Trainer:
                         self.log.info("epoch %d step %d loss %.4f acc %.3f %.0f samples/s", epoch, self.step,
                                       record["loss"], record["accuracy"], record["samples_per_s"])
                 if self.config.max_steps and self.step >= self.config.max_steps:
-                    return
+                    return self.save()
+        self.save()
+
+    def save(self) -> None:
+        if self.info.is_main:
+            self.model.save_weights(f"{self.config.out_dir}/model.weights.h5")
 
     def evaluate(self) -> tuple[float, float]:
         return sharding.evaluate_tf(self.model, self.data, self.info.rank, self.info.world_size)

@@ -36,7 +36,7 @@ class Trainer:
             self.epoch, self.step = state["epoch"], state["step"]
             self.train_loader.sampler.skip_batches(self.step - self.epoch * self._steps_per_epoch())
         self.history = History(config.out_dir, dist.rank, dist.world_size, config=config.to_dict(),
-                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume)
+                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume, tensorboard=config.tensorboard)
 
     def _steps_per_epoch(self) -> int:
         return len(self.data.y_train) // (self.config.batch_size * self.dist.world_size)
