@@ -74,7 +74,8 @@ def test_control_one_rank_alone_is_far_from_the_reference(tmp_path, torch_refere
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher, rung", [("torchrun", "ddp"), ("horovodrun", "horovod_torch")])
+@pytest.mark.parametrize("launcher, rung", [("torchrun", "ddp"), ("horovodrun", "horovod_torch"),
+                                            ("torchrun", "fsdp")])
 def test_data_parallel_torch_equals_one_process(tmp_path, torch_reference, launcher, rung):
     assert_same(torch_reference, torch_params(train(launcher, rung, tmp_path, 64)))
 
@@ -84,6 +85,14 @@ def test_data_parallel_torch_equals_one_process(tmp_path, torch_reference, launc
 def test_deepspeed_zero_equals_one_process(tmp_path, torch_reference, stage):
     found = deepspeed_params(train("deepspeed", "deepspeed", tmp_path, 64, "--zero-stage", str(stage)))
     assert_same(torch_reference, found)
+
+
+@pytest.mark.slow
+def test_pipeline_equals_one_process_with_the_same_batch(tmp_path, torch_reference):
+    # Model parallelism splits the model, not the batch: 2 stages with batch 128 and 4
+    # micro batches must compute what one process does with batch 128.
+    train("torchrun", "pipeline", tmp_path, 128, "--microbatches", "4")
+    assert_same(torch_reference, torch.load(tmp_path / "model.pt", weights_only=True))
 
 
 def keras_weights(path):

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import PROBES, ROOT, reports, run, tool
 from scaledl import launchers
@@ -68,6 +69,21 @@ def test_deepspeed_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, opt
 
 
 @pytest.mark.slow
+def test_fsdp_reaches_95_percent_with_ranks_in_sync(tmp_path):
+    summary = train("torchrun", "fsdp", tmp_path)
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    assert summary["params_in_sync"] is True
+
+
+@pytest.mark.slow
+def test_pipeline_reaches_95_percent_with_the_model_split(tmp_path):
+    summary = train("torchrun", "pipeline", tmp_path)
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
+    whole = sum(t.numel() * t.element_size() for t in torch.load(tmp_path / "model.pt", weights_only=True).values())
+    assert 0 < summary["stage_param_bytes"] < whole  # rank 0 holds only its stage
+
+
+@pytest.mark.slow
 def test_params_in_sync_detects_a_difference():
     found = reports(run([tool("torchrun"), "--standalone", "--nproc_per_node=2", str(PROBES / "sync_probe.py")]).stdout)
     assert [(r["same"], r["after_change"]) for r in found] == [(True, False), (True, False)]
@@ -82,7 +98,8 @@ def code_lines(path):
 # The limits are what each framework needs, kept from growing; horovod_tf carries two APIs
 # (DistributedGradientTape and Keras' model.fit), deepspeed builds its JSON config from the flags.
 @pytest.mark.parametrize("base, rung, limit", [("single_torch", "ddp", 40), ("single_torch", "horovod_torch", 45),
-                                               ("single_tf", "horovod_tf", 75), ("ddp", "deepspeed", 90)])
+                                               ("single_tf", "horovod_tf", 75), ("ddp", "deepspeed", 90),
+                                               ("ddp", "fsdp", 40)])
 def test_each_rung_is_a_small_marked_diff_of_the_one_before(base, rung, limit):
     diff = list(difflib.unified_diff(code_lines(LADDER / f"{base}.py"), code_lines(LADDER / f"{rung}.py"),
                                      lineterm="", n=0))[2:]

@@ -52,18 +52,20 @@ def save(path: str | Path, *, model, optimizer=None, scheduler=None, epoch: int 
          extra: dict | None = None, is_main: bool = True) -> Path | None:
     """Write atomically on the main rank; other ranks return None at once.
 
-    Pass the unwrapped model state when the model is wrapped (DDP's `.module`) so the file
-    loads into a plain model too."""
+    `model` and `optimizer` are objects with `state_dict()` or state dicts themselves (a
+    sharded model's full state, gathered first).  Pass the unwrapped model when it is
+    wrapped (DDP's `.module`) so the file loads into a plain model too."""
     if not is_main:
         return None
     import torch
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "epoch": epoch, "step": step, "rng": rng_state(),
+    as_state = lambda obj: obj if isinstance(obj, dict) else obj.state_dict()  # noqa: E731
+    state = {"model": as_state(model), "epoch": epoch, "step": step, "rng": rng_state(),
              "extra": extra or {}}
     if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
+        state["optimizer"] = as_state(optimizer)
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")

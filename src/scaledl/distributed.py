@@ -178,17 +178,18 @@ def teardown() -> None:
 
 
 def params_fingerprint(model) -> str:
-    """A hash of the model's parameters and buffers: equal <=> bit-identical values."""
+    """A hash of a model's (or a state dict's) tensors: equal <=> bit-identical values."""
     import torch
 
     from scaledl.report import fingerprint
 
+    state = model.state_dict() if hasattr(model, "state_dict") else model
     # Raw bytes, since bf16 has no NumPy type.
     return fingerprint(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                       for tensor in model.state_dict().values())
+                       for tensor in state.values())
 
 
-def params_in_sync(model, all_gather_object=None) -> bool:
+def params_in_sync(model, all_gather_object=None) -> bool:  # a model or a state dict
     """True when every rank holds bit-identical parameters (data parallelism's invariant).
 
     Each rank hashes its parameters and the hashes are all-gathered (torch.distributed's

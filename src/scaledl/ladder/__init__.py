@@ -10,4 +10,6 @@ RUNGS = {
     "horovod_torch": "horovodrun",
     "ddp": "torchrun",
     "deepspeed": "deepspeed",
+    "fsdp": "torchrun",
+    "pipeline": "torchrun",
 }
