@@ -15,9 +15,10 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from scaledl.errors import UserError
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be read; the message names the file and what to do."""
 
 

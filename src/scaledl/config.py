@@ -12,12 +12,13 @@ import argparse
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from scaledl.errors import UserError
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad value; the message names the flag."""
 
 

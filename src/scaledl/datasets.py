@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from scaledl.errors import UserError
 
 EMBEDDED_TRAIN_SIZE = 8000  # of the 10k embedded images; the other 2000 are the test subset
 EMBEDDED_SPLIT_SEED = 1234  # fixed: the subsets must not change with the run's --seed
@@ -34,7 +35,7 @@ MEAN_STD = {"mnist": ((0.1307,), (0.3081,)),
             "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))}
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """Missing or malformed data; the message says where the files should be."""
 
 

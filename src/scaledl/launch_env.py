@@ -12,11 +12,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+from scaledl.errors import UserError
 
 DEFAULT_PORT = 29500
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     """The launcher's environment is incomplete or contradicts itself."""
 
 

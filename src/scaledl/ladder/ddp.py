@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # New Code #
 
 from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History, torch_gather  # New Code #
 
@@ -100,6 +101,7 @@ def run(config: config_lib.Config) -> dict:
         distributed.teardown()  # New Code #
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     config = config_lib.parse_args(argv, prog=f"python -m scaledl.ladder.{RUNG}")
     run(config)

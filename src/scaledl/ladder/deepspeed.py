@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History, torch_gather  # New Code #
 
@@ -134,6 +135,7 @@ def run(config: config_lib.Config, args) -> dict:  # New Code #
         distributed.teardown()  # New Code #
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     parser = config_lib.build_parser(prog=f"python -m scaledl.ladder.{RUNG}")
     # New Code #: ZeRO's options.

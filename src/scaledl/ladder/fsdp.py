@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import fully_shard  # New Code #
 
 from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History, torch_gather  # New Code #
 
@@ -111,6 +112,7 @@ def run(config: config_lib.Config) -> dict:
         distributed.teardown()  # New Code #
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     config = config_lib.parse_args(argv, prog=f"python -m scaledl.ladder.{RUNG}")
     run(config)

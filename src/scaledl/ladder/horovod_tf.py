@@ -20,6 +20,7 @@ import horovod.tensorflow.keras as hvd_keras  # New Code #
 import tensorflow as tf
 
 from scaledl import config as config_lib, datasets, launch_env, models, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History
 
@@ -143,6 +144,7 @@ def run(config: config_lib.Config, args) -> dict:  # New Code #
                          report.peak_memory_bytes("cpu"), info.is_main, params_in_sync=in_sync)  # New Code #
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     parser = config_lib.build_parser(prog=f"python -m scaledl.ladder.{RUNG}")
     # New Code #: Horovod's options.

@@ -16,6 +16,7 @@ import horovod.torch as hvd  # New Code #
 import torch.nn.functional as F
 
 from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History
 
@@ -108,6 +109,7 @@ def run(config: config_lib.Config, args) -> dict:  # New Code #
                          params_in_sync=distributed.params_in_sync(trainer.model, hvd.allgather_object))  # New Code #
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     parser = config_lib.build_parser(prog=f"python -m scaledl.ladder.{RUNG}")
     # New Code #: Horovod's options.

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from scaledl import config as config_lib, datasets, distributed, models, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History, torch_gather
 
@@ -108,6 +109,7 @@ def run(config: config_lib.Config, args) -> dict:
         distributed.teardown()
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     parser = config_lib.build_parser(prog=f"python -m scaledl.ladder.{RUNG}")
     parser.add_argument("--microbatches", type=int, default=4, help="micro batches per batch (pipeline depth)")

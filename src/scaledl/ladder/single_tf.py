@@ -12,6 +12,7 @@ import sys
 import tensorflow as tf
 
 from scaledl import config as config_lib, datasets, launch_env, models, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History
 
@@ -93,6 +94,7 @@ def run(config: config_lib.Config) -> dict:
                          report.peak_memory_bytes("cpu"), info.is_main)
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     config = config_lib.parse_args(argv, prog=f"python -m scaledl.ladder.{RUNG}")
     run(config)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History
 
@@ -91,6 +92,7 @@ def run(config: config_lib.Config) -> dict:
                          report.peak_memory_bytes(dist.device), dist.is_main)
 
 
+@exits_cleanly
 def main(argv=None) -> int:
     config = config_lib.parse_args(argv, prog=f"python -m scaledl.ladder.{RUNG}")
     run(config)
