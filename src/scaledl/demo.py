@@ -14,7 +14,7 @@ from pathlib import Path
 from scaledl import launchers
 from scaledl.ladder import RUNGS
 
-COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "ok")
+COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "peak_memory_mb", "ok")
 
 
 def local_device_count() -> int:
@@ -49,7 +49,8 @@ def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: flo
     if returncode == 0 and summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         row.update(samples_per_s=summary["samples_per_s"], test_accuracy=summary["test_accuracy"],
-                   state_bytes_per_rank=summary.get("state_bytes_per_rank", summary["memory_bytes_per_rank"]),
+                   state_bytes_per_rank=summary.get("state_bytes_per_rank"),
+                   peak_memory_mb=round(summary["memory_bytes_per_rank"] / 2**20, 1),
                    ok=True)
     else:
         row["error"] = f"exit {returncode}; see {rung_dir / 'output.log'}"

@@ -9,6 +9,8 @@ import os
 import shutil
 import sys
 
+from scaledl.launch_env import free_port
+
 
 def local_env(nproc: int, base: dict | None = None) -> dict:
     """The environment for N local ranks: one share of the cores each, MPI allowed to run here."""
@@ -62,7 +64,8 @@ def horovodrun(nproc: int, module: str, args=(), controller: str = "gloo") -> li
 
 
 def deepspeed(nproc: int, module: str, args=()) -> list[str]:
-    return [_tool("deepspeed"), f"--num_gpus={nproc}", "--module", module, *args]
+    # The launcher's default port is a fixed 29500: two jobs on one node would collide.
+    return [_tool("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}", "--module", module, *args]
 
 
 def for_launcher(launcher: str, nproc: int, module: str, args=()) -> list[str]:

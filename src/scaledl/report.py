@@ -23,6 +23,18 @@ def peak_memory_bytes(device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def model_state_bytes(model, optimizer) -> int:
+    """Bytes of parameters, gradients and optimizer states this rank holds (its shards only,
+    for sharded models), counted from the tensors; the demo's state_bytes_per_rank."""
+    import torch
+
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731  DTensor shards
+    tensors = [local(p) for p in model.parameters()] + [local(p.grad) for p in model.parameters() if p.grad is not None]
+    tensors += [local(v) for state in optimizer.state.values() for v in state.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def fingerprint(buffers) -> str:
     """A hash of raw parameter bytes: equal on two ranks <=> bit-identical parameters."""
     digest = hashlib.sha256()

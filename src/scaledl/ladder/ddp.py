@@ -96,6 +96,7 @@ def run(config: config_lib.Config) -> dict:
         test_loss, test_accuracy = trainer.evaluate()
         return report.finish(RUNG, dist.world_size, trainer.history, test_accuracy, config.out_dir,
                              report.peak_memory_bytes(dist.device), dist.is_main,
+                             state_bytes_per_rank=report.model_state_bytes(trainer.model, trainer.optimizer),
                              params_in_sync=distributed.params_in_sync(trainer.model))  # New Code #
     finally:
         distributed.teardown()  # New Code #

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl import zero_memory  # New Code #
 from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History, torch_gather  # New Code #
@@ -130,6 +131,7 @@ def run(config: config_lib.Config, args) -> dict:  # New Code #
         test_loss, test_accuracy = trainer.evaluate()
         return report.finish(RUNG, dist.world_size, trainer.history, test_accuracy, config.out_dir,
                              report.peak_memory_bytes(dist.device), dist.is_main,
+                             state_bytes_per_rank=zero_memory.predict_for_engine(trainer.model)["total"],  # New Code #
                              params_in_sync=params_in_sync(trainer.model), zero_stage=args.zero_stage)  # New Code #
     finally:
         distributed.teardown()  # New Code #

@@ -104,7 +104,8 @@ def run(config: config_lib.Config, args) -> dict:
             torch.save(trainer.full_model.state_dict(), f"{config.out_dir}/model.pt")
         stage_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         return report.finish(RUNG, dist.world_size, trainer.history, test_accuracy, config.out_dir,
-                             report.peak_memory_bytes(dist.device), dist.is_main, stage_param_bytes=stage_bytes)
+                             report.peak_memory_bytes(dist.device), dist.is_main, stage_param_bytes=stage_bytes,
+                             state_bytes_per_rank=report.model_state_bytes(trainer.model, trainer.optimizer))
     finally:
         distributed.teardown()
 

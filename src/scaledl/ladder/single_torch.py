@@ -89,7 +89,8 @@ def run(config: config_lib.Config) -> dict:
     trainer.train()
     test_loss, test_accuracy = trainer.evaluate()
     return report.finish(RUNG, dist.world_size, trainer.history, test_accuracy, config.out_dir,
-                         report.peak_memory_bytes(dist.device), dist.is_main)
+                         report.peak_memory_bytes(dist.device), dist.is_main,
+                         state_bytes_per_rank=report.model_state_bytes(trainer.model, trainer.optimizer))
 
 
 @exits_cleanly

@@ -1,0 +1,27 @@
+"""Two DeepSpeed steps of the ladder's CNN at a ZeRO stage; report the bytes counted from the engine."""
+import sys
+from types import SimpleNamespace
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+
+import scaledl
+from report import report
+from scaledl import models, zero_memory
+from scaledl.ladder.deepspeed import deepspeed_config
+
+stage = int(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))
+dist = scaledl.setup(timeout_s=120)
+config = scaledl.Config(batch_size=8)
+model = models.torch_cnn()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(
+    config, SimpleNamespace(zero_stage=stage, offload_optimizer=False, offload_params=False), dist.world_size))
+x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+for step in range(2):
+    engine.backward(F.cross_entropy(engine(x), y))
+    if step == 1:
+        counted = zero_memory.measure(engine)
+    engine.step()
+report(rank=dist.rank, num_params=sum(p.numel() for p in models.torch_cnn().parameters()), **counted)
