@@ -28,11 +28,11 @@ def local_device_count() -> int:
 
 
 def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: float = 900) -> dict:
-    launcher = RUNGS[rung]
+    module, launcher, rung_args = RUNGS[rung]
     world_size = 1 if launcher == "python" else nproc
     rung_dir = out_dir / rung
-    args = ["--out-dir", str(rung_dir), *extra_args]
-    command = launchers.for_launcher(launcher, world_size, f"scaledl.ladder.{rung}", args)
+    args = ["--out-dir", str(rung_dir), *rung_args, *extra_args]
+    command = launchers.for_launcher(launcher, world_size, f"scaledl.ladder.{module}", args)
     rung_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(rung_dir / "output.log", "w") as log:

@@ -1,15 +1,20 @@
-"""The ladder: one runnable module per rung, from one device to ZeRO.
+"""The ladder: one runnable module per rung, from one device to ZeRO and model parallelism.
 
-RUNGS maps each rung to the launcher the demo starts it with; any launcher works for a
-multi-process rung (torchrun, mpiexec, srun, ...), this is only the demo's choice.
+RUNGS lists the rows of `scaledl demo`: the module each runs, the launcher the demo starts
+it with (any launcher works for a multi-process rung: torchrun, mpiexec, srun, ...), and
+the flags that make the row (ZeRO's stages are one module with different flags).
 """
 RUNGS = {
-    "single_torch": "python",
-    "single_tf": "python",
-    "horovod_tf": "horovodrun",
-    "horovod_torch": "horovodrun",
-    "ddp": "torchrun",
-    "deepspeed": "deepspeed",
-    "fsdp": "torchrun",
-    "pipeline": "torchrun",
+    "single_torch": ("single_torch", "python", []),
+    "single_tf": ("single_tf", "python", []),
+    "horovod_tf": ("horovod_tf", "horovodrun", []),
+    "horovod_torch": ("horovod_torch", "horovodrun", []),
+    "ddp": ("ddp", "torchrun", []),
+    "deepspeed": ("deepspeed", "deepspeed", ["--zero-stage", "0"]),
+    "zero1": ("deepspeed", "deepspeed", ["--zero-stage", "1"]),
+    "zero2": ("deepspeed", "deepspeed", ["--zero-stage", "2"]),
+    "zero3": ("deepspeed", "deepspeed", ["--zero-stage", "3"]),
+    "zero3_offload": ("deepspeed", "deepspeed", ["--zero-stage", "3", "--offload-optimizer", "--offload-params"]),
+    "fsdp": ("fsdp", "torchrun", []),
+    "pipeline": ("pipeline", "torchrun", []),
 }

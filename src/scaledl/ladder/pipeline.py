@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     parser = config_lib.build_parser(prog=f"python -m scaledl.ladder.{RUNG}")
     parser.add_argument("--microbatches", type=int, default=4, help="micro batches per batch (pipeline depth)")
     config, args = config_lib.config_from_args(parser, argv)
+    if config.precision != "fp32":
+        parser.error("argument --precision: the pipeline rung trains in fp32 only")
     if args.microbatches < 1 or config.batch_size % args.microbatches:
         parser.error(f"argument --microbatches: must divide --batch-size {config.batch_size}, got {args.microbatches}")
     run(config, args)
