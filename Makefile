@@ -17,11 +17,13 @@ $(VENV)/.ready: pyproject.toml tools/setup.sh tools/build_horovod.sh tools/build
 demo: setup
 	$(BIN)/scaledl demo --out-dir runs/demo
 
+# Notebooks run top to bottom on real kernels and real ranks; a failing cell fails the build.
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --nbval-lax --nbval-current-env \
+		tests solutions $(wildcard notebooks/*.ipynb)
 
 lab: setup
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$${PORT:-8888} notebooks
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$${PORT:-8888} .
 
 exercises: setup
 	$(BIN)/scaledl exercises --solutions solutions --out exercises
