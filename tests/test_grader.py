@@ -16,3 +16,9 @@ def test_shard_check_names_the_local_rank_mistake(capsys):
     assert "shard by global rank, not local rank" in capsys.readouterr().out
     assert grader.check_shards([list(range(rank, 8, 4)) for rank in range(4)], 8, ranks_per_node=2)
     assert not grader.check_shards([[0, 2], [1, 3]], 8)  # num_replicas too small
+
+
+def test_in_sync_check(capsys):
+    assert grader.check_in_sync(["abc", "abc"])
+    assert not grader.check_in_sync(["abc", "abd"])
+    assert "rank 1 holds different parameters than rank 0: wrap the model in DDP" in capsys.readouterr().out

@@ -40,3 +40,12 @@ def check_shards(indices_by_rank: list, num_samples: int, ranks_per_node: int | 
         return _verdict(False, f"{len(missing)} samples are never seen (first: {missing[0]}): "
                                "num_replicas must be the world size")
     return _verdict(True, f"{num_samples} samples, each seen by exactly one of {len(indices_by_rank)} ranks")
+
+
+def check_in_sync(fingerprints_by_rank: list) -> bool:
+    """After a data-parallel step every rank must hold bit-identical parameters."""
+    if len(set(fingerprints_by_rank)) == 1:
+        return _verdict(True, f"all {len(fingerprints_by_rank)} ranks hold identical parameters")
+    differing = [rank for rank, f in enumerate(fingerprints_by_rank) if f != fingerprints_by_rank[0]]
+    return _verdict(False, f"rank {differing[0]} holds different parameters than rank 0: wrap the model in DDP "
+                           "before the first step (it broadcasts rank 0's weights and averages gradients)")
