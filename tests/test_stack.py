@@ -94,3 +94,11 @@ def test_deepspeed_two_process_step(launch):
     assert found[0]["world_size"] == 2
     # ZeRO-1 shards optimizer state; after the step both ranks must hold the same parameters.
     assert found[0]["param_sum"] == pytest.approx(found[1]["param_sum"], abs=0)
+
+
+def test_shell_scripts_pass_shellcheck():
+    scripts = sorted(str(p) for p in (ROOT / "tools").glob("*.sh")) + [str(ROOT / ".ci" / "run")]
+    # SC2155 (export X=$(cmd) masks cmd's status) is accepted for `nproc`, which cannot fail.
+    result = subprocess.run([tool("shellcheck"), "--severity=warning", "--exclude=SC2155", *scripts],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

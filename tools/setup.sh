@@ -24,8 +24,9 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep 
 pins() { "$venv/bin/python" tools/pins.py "$@"; }
 
 log "installing torch and TensorFlow (needed before Horovod and DeepSpeed are built)"
-pip install $(pins core torch tensorflow mpi) $(pins horovod | grep -v '^horovod==') \
-    $(pins deepspeed | grep -v '^deepspeed==') wheel
+mapfile -t before_builds < <(pins core torch tensorflow mpi; pins horovod | grep -v '^horovod=='
+                              pins deepspeed | grep -v '^deepspeed==')
+pip install "${before_builds[@]}" wheel
 
 # Both compiled packages are built once per set of inputs into a cache outside the clone,
 # so a fresh clone (as CI uses) only installs the cached wheels.
@@ -44,5 +45,6 @@ fi
 
 log "installing Horovod, DeepSpeed, the notebook and test tools, and scaledl (editable)"
 pip install --no-deps "$wheels"/horovod-*.whl "$wheels"/deepspeed-*.whl
-pip install $(pins deepspeed horovod notebooks test) -e ".[torch,tensorflow,mpi,horovod,deepspeed,notebooks,test]"
+mapfile -t rest < <(pins deepspeed horovod notebooks test)
+pip install "${rest[@]}" -e ".[torch,tensorflow,mpi,horovod,deepspeed,notebooks,test]"
 log "done: $("$venv/bin/python" -c 'import torch, tensorflow as tf, horovod, deepspeed; print(f"torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null)"

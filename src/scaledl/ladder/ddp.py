@@ -8,8 +8,6 @@ by bucket while the rest of backward still runs, so every rank takes the same st
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # New Code #
@@ -110,4 +108,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

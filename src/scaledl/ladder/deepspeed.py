@@ -12,7 +12,6 @@ parameters; offload moves optimizer states (and with stage 3, parameters) to CPU
 from __future__ import annotations
 
 import argparse  # New Code #
-import sys
 
 import deepspeed  # New Code #
 import torch
@@ -153,4 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

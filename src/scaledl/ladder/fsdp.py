@@ -9,8 +9,6 @@ all-gathered, and after backward its gradients are reduce-scattered, so every ra
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,  # New Code #
@@ -121,4 +119,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

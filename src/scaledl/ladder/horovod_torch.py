@@ -9,8 +9,6 @@ optimizer: each gradient is all-reduced (averaged) as soon as backward produces 
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import horovod.torch as hvd  # New Code #
 import torch.nn.functional as F
@@ -121,4 +119,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

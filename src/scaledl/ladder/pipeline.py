@@ -11,8 +11,6 @@ updates only its own layers.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
@@ -124,4 +122,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())

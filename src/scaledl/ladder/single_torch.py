@@ -7,8 +7,6 @@ The next rung (`ddp.py`) changes only the lines marked `# New Code #` there.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 
@@ -101,4 +99,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())
