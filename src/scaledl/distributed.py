@@ -215,8 +215,11 @@ def exit_process(code: int) -> None:
     After `teardown()` there is nothing left to do, but gloo's worker threads can still hold
     tensors whose destruction at interpreter shutdown aborts the process ("terminate called
     without an active exception", SIGABRT) after a successful run, failing the job.  So the
-    rungs flush their output and leave at once.
+    rungs flush their output and leave at once, unless MPI is in use: MPI must be finalized,
+    which mpi4py's and Horovod's exit handlers do, so those processes exit normally.
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    if any(name == "mpi4py" or name.startswith("horovod") for name in sys.modules):
+        sys.exit(code)
     os._exit(code)
