@@ -9,7 +9,6 @@ import pytest
 from conftest import PROBES, ROOT, reports, run, tool
 from scaledl import launchers
 
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 def pyproject_pins() -> set[str]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scaledl.config import _OneLineParser
+from scaledl.config import OneLineParser
 
 
 def main(argv=None) -> int:
-    parser = _OneLineParser(prog="scaledl", description="Scale deep-learning training from one device to many.")
+    parser = OneLineParser(prog="scaledl", description="Scale deep-learning training from one device to many.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run every rung of the ladder on the embedded MNIST")
     demo.add_argument("--out-dir", default="runs/demo")

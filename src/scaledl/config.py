@@ -79,7 +79,7 @@ def flag_of(name: str) -> str:
     return next(f.metadata["flag"] for f in dataclasses.fields(Config) if f.name == name)
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse, but an error is one line (no usage block) and exits with status 2."""
 
     def error(self, message: str):
@@ -96,7 +96,7 @@ def _parse_bool(text: str) -> bool:
 
 def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
     """Flags for every Config field; a rung adds its own flags to the parser it gets back."""
-    parser = _OneLineParser(prog=prog, description=description,
+    parser = OneLineParser(prog=prog, description=description,
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         kwargs = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
