@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from scaledl.config import OneLineParser
+
+# Subcommands that live in their own module: name -> (module, help). Each module has
+# `add_arguments(parser)` and `run(args) -> int`, and imports its heavy dependencies
+# (torch, TensorFlow) inside functions so that `scaledl --help` stays fast.
+COMMANDS: dict[str, tuple[str, str]] = {}
 
 
 def main(argv=None) -> int:
@@ -18,7 +24,13 @@ def main(argv=None) -> int:
     exercises.add_argument("--solutions", default="solutions")
     exercises.add_argument("--out", default="exercises")
     exercises.add_argument("--check", action="store_true", help="only report exercises that are out of date")
+    for name, (module, help_text) in COMMANDS.items():
+        importlib.import_module(module).add_arguments(commands.add_parser(name, help=help_text))
     args, rest = parser.parse_known_args(argv)
+    if args.command in COMMANDS:
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return importlib.import_module(COMMANDS[args.command][0]).run(args)
     if args.command != "demo" and rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "exercises":

@@ -13,8 +13,9 @@ from __future__ import annotations
 import datetime
 import os
 import random
-import sys
 import socket
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, job_po
 
 BACKENDS = ("nccl", "xccl", "ccl", "gloo", "mpi")
 MPI_LAUNCHERS = ("openmpi", "mpich", "pals", "slurm")
+_WORKER_DRAIN_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,12 @@ def teardown() -> None:
         # in the last collective can abort the peer's communication threads (seen with gloo).
         dist.barrier()
         dist.destroy_process_group()
+        # A collective's worker thread drops its reference to the caller's tensor after the
+        # caller has moved on, and since torch 2.10 that needs the GIL.  If the interpreter
+        # is already finalizing by then, the thread is killed inside C++ and the process
+        # aborts after a successful run.  On a loaded machine such a thread can lag, so give
+        # it the GIL for a moment before the script returns.
+        time.sleep(_WORKER_DRAIN_S)
 
 
 def params_fingerprint(model) -> str:
@@ -212,14 +220,18 @@ def params_in_sync(model, all_gather_object=None) -> bool:  # a model or a state
 def exit_process(code: int) -> None:
     """End a training process with `code` without running interpreter finalization.
 
-    After `teardown()` there is nothing left to do, but gloo's worker threads can still hold
-    tensors whose destruction at interpreter shutdown aborts the process ("terminate called
-    without an active exception", SIGABRT) after a successful run, failing the job.  So the
-    rungs flush their output and leave at once, unless MPI is in use: MPI must be finalized,
-    which mpi4py's and Horovod's exit handlers do, so those processes exit normally.
+    After `teardown()` there is nothing left to do, but communication threads that outlive it
+    (gloo's, while a DDP model still holds the group) can abort the process at interpreter
+    shutdown ("terminate called without an active exception") after a successful run.  So
+    the rungs shut Horovod down and finalize MPI themselves, flush their output, and leave.
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    if any(name == "mpi4py" or name.startswith("horovod") for name in sys.modules):
-        sys.exit(code)
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        if name in sys.modules and sys.modules[name].is_initialized():
+            sys.modules[name].shutdown()
+    if "mpi4py.MPI" in sys.modules:
+        mpi = sys.modules["mpi4py.MPI"]
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
     os._exit(code)
