@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, run
+from conftest import PROBES, ROOT, run
 from scaledl import checkpoint, launchers
 from scaledl.checkpoint import CheckpointError
 
@@ -76,3 +76,25 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     assert killed_at < resumed["step"] == whole["step"] == 80
     for name, tensor in whole["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), name
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_write_leaves_the_previous_checkpoint_whole(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    caught_mid_write = 0
+    for attempt in range(6):
+        writer = subprocess.Popen([sys.executable, str(PROBES / "checkpoint_writer.py"), str(path)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert writer.stdout.readline().startswith("saved")  # one whole checkpoint exists
+        time.sleep(0.05 * attempt)  # land at different points of the next writes
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        caught_mid_write += any(tmp_path.glob(".checkpoint.pt.*.tmp"))
+        state = checkpoint.load(path, restore_rng=False)
+        values = {float(tensor[0]) for tensor in state["model"].values()}
+        assert values == {float(state["step"])}, values  # all from one checkpoint
+        assert all(torch.all(t == state["step"]) for t in state["model"].values())
+    # The kills really interrupted writes (a partial file was left behind) most of the time.
+    assert caught_mid_write >= 3
+    checkpoint.save(path, model={"w": torch.zeros(1)})
+    assert not any(tmp_path.glob(".checkpoint.pt.*.tmp"))  # the next save clears what a killed writer left

@@ -12,9 +12,24 @@ import pytest
     ("ddp", [], {"RANK": "0"}, "half-set torchrun environment"),
     ("single_tf", ["--dataset", "cifar10"], {"SCALEDL_DATA": ""}, "needs --data-dir"),
     ("pipeline", ["--microbatches", "5"], {}, "argument --microbatches: must divide --batch-size 64"),
+    ("single_torch", ["--precision", "fp8"], {}, "argument --precision: invalid choice: 'fp8'"),
+    ("single_tf", ["--epochs", "0"], {}, "--epochs must be > 0, got 0"),
+    ("single_torch", ["--lr", "-1"], {}, "--lr must be > 0"),
+    ("single_torch", ["--on-nonfinite", "ignore"], {}, "argument --on-nonfinite: invalid choice"),
+    ("single_torch", ["--backend", "foo"], {}, "unknown backend 'foo': use one of nccl"),
+    ("single_torch", ["--device", "tpu"], {}, "unknown device 'tpu'"),
+    ("single_torch", ["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": ""}, "device 'cuda' is not available"),
+    ("single_torch", ["--train-limit", "32"], {}, "fewer than one --batch-size of 64"),
+    ("single_tf", ["--train-limit", "100", "--batch-size", "128"], {}, "fewer than one --batch-size of 128"),
+    ("single_torch", ["--dataset", "mnist", "--data-dir", "{tmp}/garbage"], {}, "is not an unsigned-byte IDX file"),
+    ("deepspeed", ["--offload-params"], {}, "argument --offload-params: needs --zero-stage 3"),
+    ("horovod_torch", [], {"HOROVOD_RANK": "0"}, "half-set"),
 ])
 def test_user_errors_are_one_line(tmp_path, rung, args, env, message):
     out_dir = tmp_path / "out"
+    (tmp_path / "garbage").mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (tmp_path / "garbage" / name).write_bytes(b"not an IDX file")
     command = [sys.executable, "-m", f"scaledl.ladder.{rung}", "--out-dir", str(out_dir),
                *[a.format(tmp=tmp_path) for a in args]]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=120)

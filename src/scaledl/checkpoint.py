@@ -69,6 +69,8 @@ def save(path: str | Path, *, model, optimizer=None, scheduler=None, epoch: int 
         state["optimizer"] = as_state(optimizer)
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer that was killed
+        stale.unlink(missing_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(partial, "wb") as f:
         torch.save(state, f)

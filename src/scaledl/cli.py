@@ -10,7 +10,11 @@ from scaledl.config import OneLineParser
 # Subcommands that live in their own module: name -> (module, help). Each module has
 # `add_arguments(parser)` and `run(args) -> int`, and imports its heavy dependencies
 # (torch, TensorFlow) inside functions so that `scaledl --help` stays fast.
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "launch": ("scaledl.launch", "start N ranks with the launcher this machine needs (torchrun, mpiexec, srun)"),
+    "jobs": ("scaledl.jobs", "write PBS (Polaris, Aurora) and Slurm job scripts"),
+    "doctor": ("scaledl.doctor", "report what this machine has and what will go wrong"),
+}
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,8 @@ import argparse
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+
+from scaledl import launch_env, run_dir
 from scaledl.errors import UserError
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic")
@@ -50,6 +52,11 @@ class Config:
     checkpoint_every: int = field(default=0, metadata={
         "flag": "--checkpoint-every", "help": "save a checkpoint every N steps (0: only at the end)"})
     resume: bool = field(default=False, metadata={"flag": "--resume", "help": "continue from OUT_DIR/checkpoint.pt"})
+    overwrite: bool = field(default=False, metadata={
+        "flag": "--overwrite", "help": "replace the run already in OUT_DIR (default: refuse)"})
+    on_nonfinite: str = field(default="stop", metadata={
+        "flag": "--on-nonfinite", "help": "when gradients become NaN/inf: stop the run, or skip the step",
+        "choices": ("stop", "skip")})
     max_steps: int | None = field(default=None, metadata={"flag": "--max-steps", "help": "stop after N optimizer steps"})
     device: str | None = field(default=None, metadata={"flag": "--device", "help": "cuda, xpu, mps or cpu (default: picked per rank)"})
     backend: str | None = field(default=None, metadata={"flag": "--backend", "help": "nccl, xccl, ccl, gloo or mpi (default: picked from the device)"})
@@ -119,9 +126,18 @@ def config_from_args(parser: argparse.ArgumentParser, argv=None) -> tuple[Config
     names = {f.name for f in dataclasses.fields(Config)}
     try:
         config = Config(**{k: v for k, v in vars(args).items() if k in names})
-    except ConfigError as error:
+        config.resume = run_dir.claim(config.out_dir, config.resume, config.overwrite, _is_main_rank())
+    except (ConfigError, run_dir.OutDirError) as error:
         parser.error(str(error))
     return config, args
+
+
+def _is_main_rank() -> bool:
+    """Rank 0 checks the output directory before any rank writes to it."""
+    try:
+        return launch_env.detect().rank == 0
+    except launch_env.LaunchError:
+        return False  # setup() reports the broken environment itself
 
 
 def parse_args(argv=None, prog: str | None = None) -> Config:

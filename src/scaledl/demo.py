@@ -31,7 +31,8 @@ def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: flo
     module, launcher, rung_args = RUNGS[rung]
     world_size = 1 if launcher == "python" else nproc
     rung_dir = out_dir / rung
-    args = ["--out-dir", str(rung_dir), *rung_args, *extra_args]
+    # The demo's directory is a scratch area that each `make demo` replaces.
+    args = ["--out-dir", str(rung_dir), "--overwrite", *rung_args, *extra_args]
     command = launchers.for_launcher(launcher, world_size, f"scaledl.ladder.{module}", args)
     rung_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaledl import errors
 from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, job_port
 
 BACKENDS = ("nccl", "xccl", "ccl", "gloo", "mpi")
@@ -160,6 +161,7 @@ def setup(device: str | None = None, backend: str | None = None, timeout_s: floa
         torch.xpu.set_device(torch_device)
     if seed is not None:
         seed_everything(seed)
+    errors.collective_timeout_s = timeout_s
     if init_process_group and not dist.is_initialized():
         dist.init_process_group(
             backend=torch_backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
@@ -176,7 +178,10 @@ def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
         # All ranks leave together: a rank that destroys its group while a peer is still
         # in the last collective can abort the peer's communication threads (seen with gloo).
-        dist.barrier()
+        # Not when leaving because of an error: a peer may be dead, and the barrier would
+        # wait out the whole timeout a second time.
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
         # A collective's worker thread drops its reference to the caller's tensor after the
         # caller has moved on, and since torch 2.10 that needs the GIL.  If the interpreter

@@ -40,7 +40,7 @@ def _deepspeed_accelerator() -> str:
     return "cpu"
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     """A console script of this Python's environment, else the one on PATH."""
     beside = os.path.join(os.path.dirname(sys.executable), name)
     return beside if os.path.exists(beside) else (shutil.which(name) or name)
@@ -51,21 +51,21 @@ def python_module(module: str, args=()) -> list[str]:
 
 
 def torchrun(nproc: int, module: str, args=()) -> list[str]:
-    return [_tool("torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+    return [tool("torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
 
 
 def mpirun(nproc: int, module: str, args=()) -> list[str]:
-    return [_tool("mpirun"), "-np", str(nproc), "--bind-to", "none", *python_module(module, args)]
+    return [tool("mpirun"), "-np", str(nproc), "--bind-to", "none", *python_module(module, args)]
 
 
 def horovodrun(nproc: int, module: str, args=(), controller: str = "gloo") -> list[str]:
-    return [_tool("horovodrun"), "-np", str(nproc), "-H", f"localhost:{nproc}", f"--{controller}",
+    return [tool("horovodrun"), "-np", str(nproc), "-H", f"localhost:{nproc}", f"--{controller}",
             *python_module(module, args)]
 
 
 def deepspeed(nproc: int, module: str, args=()) -> list[str]:
     # The launcher's default port is a fixed 29500: two jobs on one node would collide.
-    return [_tool("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}", "--module", module, *args]
+    return [tool("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}", "--module", module, *args]
 
 
 def for_launcher(launcher: str, nproc: int, module: str, args=()) -> list[str]:

@@ -8,12 +8,19 @@ repeats the first one's order) or tf.data's `shard`.  Evaluation must count ever
 exactly once: `DistributedSampler` pads the last shard with repeats so that all ranks get
 the same number of batches, which would skew the reported accuracy, so `eval_indices` and
 `evaluate_torch` use unpadded strided shards and sum the counts across ranks.
+
+DataLoader workers (`num_workers > 0`) are started with "forkserver", not fork, once MPI is
+initialized: a child forked from an MPI process inherits its network registrations
+(libfabric on Slingshot, InfiniBand verbs), and on several nodes the job then hangs in the
+first collective or the first batch.  Forkserver workers start from a clean process.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-from scaledl.datasets import Dataset
+from scaledl.datasets import DataError, Dataset
 
 
 def eval_indices(num_samples: int, rank: int, world_size: int) -> np.ndarray:
@@ -21,8 +28,19 @@ def eval_indices(num_samples: int, rank: int, world_size: int) -> np.ndarray:
     return np.arange(rank, num_samples, world_size)
 
 
+def worker_context(num_workers: int, mpi_initialized: bool | None = None) -> str | None:
+    """The multiprocessing start method for DataLoader workers: "forkserver" when MPI is
+    initialized in this process (see the module's docstring), else the platform's default."""
+    if num_workers == 0:
+        return None
+    if mpi_initialized is None:
+        mpi = sys.modules.get("mpi4py.MPI")
+        mpi_initialized = bool(mpi and mpi.Is_initialized() and not mpi.Is_finalized())
+    return "forkserver" if mpi_initialized else None
+
+
 def torch_train_loader(data: Dataset, batch_size: int, rank: int, world_size: int, seed: int,
-                       drop_last: bool = True):
+                       drop_last: bool = True, num_workers: int = 0):
     """A DataLoader over this rank's shard of the training set (tensors kept in memory).
 
     `loader.sampler.skip_batches(n)` resumes mid-epoch: the sampler's order is a function of
@@ -31,12 +49,23 @@ def torch_train_loader(data: Dataset, batch_size: int, rank: int, world_size: in
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+    check_enough_data(len(data.y_train), batch_size, world_size)
     x = torch.from_numpy(data.normalized(data.x_train)).permute(0, 3, 1, 2).contiguous()
     dataset = TensorDataset(x, torch.from_numpy(data.y_train))
     # DistributedSampler with num_replicas=1 is a seeded shuffle: one code path for every world size.
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=seed, drop_last=drop_last)
-    return DataLoader(dataset, batch_size=batch_size, sampler=_Resumable(sampler, batch_size), drop_last=drop_last)
+    return DataLoader(dataset, batch_size=batch_size, sampler=_Resumable(sampler, batch_size), drop_last=drop_last,
+                      num_workers=num_workers, multiprocessing_context=worker_context(num_workers))
+
+
+def check_enough_data(num_samples: int, batch_size: int, world_size: int) -> None:
+    """Every rank needs at least one full micro batch per epoch, or the run trains nothing."""
+    if num_samples // world_size < batch_size:
+        raise DataError(
+            f"{num_samples} training samples give each of {world_size} ranks {num_samples // world_size}, "
+            f"fewer than one --batch-size of {batch_size}: use more data (--train-limit), a smaller "
+            "--batch-size, or fewer ranks")
 
 
 class _Resumable:
@@ -103,6 +132,7 @@ def tf_train_dataset(data: Dataset, batch_size: int, rank: int, world_size: int,
     """tf.data pipeline over this rank's shard; reshuffled per epoch like `set_epoch` does."""
     import tensorflow as tf
 
+    check_enough_data(len(data.y_train), batch_size, world_size)
     x, y = data.normalized(data.x_train), data.y_train
     order = np.random.default_rng(seed + epoch).permutation(len(y))
     dataset = tf.data.Dataset.from_tensor_slices((x[order], y[order])).shard(world_size, rank)

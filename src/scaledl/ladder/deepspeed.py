@@ -17,7 +17,8 @@ import deepspeed  # New Code #
 import torch
 import torch.nn.functional as F
 
-from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl import (checkpoint, config as config_lib, datasets, distributed, models, numerics, precision, report,
+                     schedule, sharding)
 from scaledl import zero_memory  # New Code #
 from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
@@ -41,6 +42,9 @@ class Trainer:
             config=deepspeed_config(config, args, dist.world_size))
         self.input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data
         self.checkpoint_dir = f"{config.out_dir}/checkpoint"  # New Code #: every rank saves its partition
+        # New Code #: checks the loss, since ZeRO keeps the averaged gradients inside the engine.
+        self.guard = numerics.NonFiniteGuard(config.on_nonfinite, dist.rank, self.checkpoint_dir,
+                                             enabled=config.precision != "fp16", log=self.log)
         self.epoch, self.step = 0, 0
         if config.resume:
             _, state = self.model.load_checkpoint(self.checkpoint_dir)  # New Code #
@@ -58,8 +62,9 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor):
         logits = self.model(x.to(self.input_dtype))  # New Code #
         loss = F.cross_entropy(logits.float(), y)
-        self.model.backward(loss)  # New Code #: loss scaling, gradient averaging or reduce-scatter
-        self.model.step()  # New Code #: optimizer and scheduler step, then zero the gradients
+        if self.guard.allows_loss(loss, self.step + 1):  # New Code #: before backward, so a skip leaves nothing behind
+            self.model.backward(loss)  # New Code #: loss scaling, gradient averaging or reduce-scatter
+            self.model.step()  # New Code #: optimizer and scheduler step, then zero the gradients
         return loss.detach() * len(y), (logits.argmax(1) == y).sum()
 
     def train(self) -> None:

@@ -45,6 +45,7 @@ class Trainer:
             self.optimizer = tf.keras.mixed_precision.LossScaleOptimizer(self.optimizer)
         self.lr_at = schedule.for_config(config, info.world_size, self._steps_per_epoch())
         self.step = 0
+        sharding.check_enough_data(len(data.y_train), config.batch_size, info.world_size)  # before anything is written
         self.history = History(config.out_dir, info.rank, info.world_size, config=config.to_dict(),
                                gather=lambda vector: hvd.allgather(tf.constant(vector[None])).numpy(),  # New Code #
                                run_info={"rung": RUNG, "device": "tensorflow"}, tensorboard=config.tensorboard)

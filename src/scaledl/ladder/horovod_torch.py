@@ -13,7 +13,8 @@ import torch
 import horovod.torch as hvd  # New Code #
 import torch.nn.functional as F
 
-from scaledl import checkpoint, config as config_lib, datasets, distributed, models, precision, report, schedule, sharding
+from scaledl import (checkpoint, config as config_lib, datasets, distributed, models, numerics, precision, report,
+                     schedule, sharding)
 from scaledl.errors import exits_cleanly
 from scaledl.log import get_logger
 from scaledl.metrics import History
@@ -36,6 +37,8 @@ class Trainer:
         self.scheduler = schedule.torch_scheduler(self.optimizer, config, dist.world_size, self._steps_per_epoch())
         self.scaler = precision.grad_scaler(dist.device, config.precision)
         self.checkpoint_path = f"{config.out_dir}/checkpoint.pt"
+        self.guard = numerics.NonFiniteGuard(config.on_nonfinite, dist.rank, self.checkpoint_path,
+                                             enabled=not self.scaler.is_enabled(), log=self.log)
         self.epoch, self.step = 0, 0
         if config.resume:
             state = checkpoint.load(self.checkpoint_path, model=self.model, optimizer=self.optimizer,
@@ -59,8 +62,9 @@ class Trainer:
         self.optimizer.zero_grad()
         self.scaler.scale(loss).backward()
         self.optimizer.synchronize()  # New Code #: wait for the averaged gradients before the scaler reads them
-        with self.optimizer.skip_synchronize():  # New Code #
-            self.scaler.step(self.optimizer)
+        if self.guard.allows_step(self.model.parameters(), loss, self.step + 1):
+            with self.optimizer.skip_synchronize():  # New Code #
+                self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         return loss.detach() * len(y), (logits.argmax(1) == y).sum()

@@ -1,0 +1,44 @@
+#!/bin/bash -l
+#PBS -A YOUR_PROJECT
+#PBS -q debug-scaling
+#PBS -l select=8
+#PBS -l place=scatter
+#PBS -l walltime=01:00:00
+#PBS -l filesystems=home:flare
+#PBS -N scaledl-sweep
+#PBS -j oe
+#PBS -k doe
+#
+# Scaling sweep of the ddp rung on aurora: 1, 2, 4, ... nodes.
+# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# job script: change the template or the flags of `scaledl jobs`, not this file.
+#
+# Submit from the directory that holds your runs:  qsub jobs/aurora/sweep.sh
+# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/aurora/sweep.sh
+# `scaledl launch` builds the mpiexec command and exports aurora's recommended
+# communication variables unless you set them first; --dry-run prints both.
+set -eo pipefail
+cd "${PBS_O_WORKDIR:-.}"
+
+# Aurora: the frameworks module has PyTorch for Intel GPUs (XPU), oneCCL and MPICH.
+if command -v module >/dev/null 2>&1; then
+    module load frameworks
+fi
+
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory.
+SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+# shellcheck source=/dev/null
+source "$SCALEDL_VENV/bin/activate"
+
+NNODES=$(sort -u "$PBS_NODEFILE" | wc -l)
+PPN=12
+read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+
+# The sweep: 1, 2, 4, ... nodes, up to the nodes of this job (the per-rank batch stays
+# the same, so the global batch grows with the nodes: weak scaling).
+node_counts=()
+for ((n = 1; n <= NNODES; n *= 2)); do node_counts+=("$n"); done
+for nodes in "${node_counts[@]}"; do
+    scaledl launch --system aurora -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
+        -- scaledl.ladder.ddp --out-dir "runs/sweep/${nodes}nodes"
+done

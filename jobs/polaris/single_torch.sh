@@ -1,0 +1,42 @@
+#!/bin/bash -l
+#PBS -A YOUR_PROJECT
+#PBS -q debug
+#PBS -l select=1:system=polaris
+#PBS -l place=scatter
+#PBS -l walltime=00:30:00
+#PBS -l filesystems=home:eagle
+#PBS -N scaledl-single_torch
+#PBS -j oe
+#
+# The ladder's single_torch rung on polaris.
+# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# job script: change the template or the flags of `scaledl jobs`, not this file.
+#
+# Submit from the directory that holds your runs:  qsub jobs/polaris/single_torch.sh
+# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/polaris/single_torch.sh
+# `scaledl launch` builds the mpiexec command and exports polaris's recommended
+# communication variables unless you set them first; --dry-run prints both.
+set -eo pipefail
+cd "${PBS_O_WORKDIR:-.}"
+
+# Polaris: the conda module has PyTorch built for CUDA, NCCL and the aws-ofi-nccl plugin.
+if command -v module >/dev/null 2>&1; then
+    module use /soft/modulefiles
+    module load conda
+    conda activate base
+fi
+
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory.
+SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+# shellcheck source=/dev/null
+source "$SCALEDL_VENV/bin/activate"
+
+NNODES=$(sort -u "$PBS_NODEFILE" | wc -l)
+PPN=1
+read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+
+node_counts=("$NNODES")
+for nodes in "${node_counts[@]}"; do
+    scaledl launch --system polaris -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
+        -- scaledl.ladder.single_torch --out-dir "runs/single_torch/${nodes}nodes"
+done

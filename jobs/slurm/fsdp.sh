@@ -1,0 +1,36 @@
+#!/bin/bash -l
+#SBATCH --job-name=scaledl-fsdp
+#SBATCH --account=YOUR_PROJECT
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --time=00:30:00
+#SBATCH --output=%x-%j.out
+#
+# The ladder's fsdp rung on slurm.
+# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# job script: change the template or the flags of `scaledl jobs`, not this file.
+#
+# Submit from the directory that holds your runs:  sbatch jobs/slurm/fsdp.sh
+# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/slurm/fsdp.sh
+# `scaledl launch` builds the srun command and exports slurm's recommended
+# communication variables unless you set them first; --dry-run prints both.
+set -eo pipefail
+cd "${SLURM_SUBMIT_DIR:-.}"
+
+# Load your site's CUDA and MPI modules here (module load ...).
+
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory.
+SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+# shellcheck source=/dev/null
+source "$SCALEDL_VENV/bin/activate"
+
+NNODES=${SLURM_JOB_NUM_NODES:-1}
+PPN=4
+read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+
+node_counts=("$NNODES")
+for nodes in "${node_counts[@]}"; do
+    scaledl launch --system slurm -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
+        -- scaledl.ladder.fsdp --out-dir "runs/fsdp/${nodes}nodes"
+done

@@ -1,0 +1,39 @@
+#!/bin/bash -l
+#SBATCH --job-name=scaledl-sweep
+#SBATCH --account=YOUR_PROJECT
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --time=01:00:00
+#SBATCH --output=%x-%j.out
+#
+# Scaling sweep of the ddp rung on slurm: 1, 2, 4, ... nodes.
+# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# job script: change the template or the flags of `scaledl jobs`, not this file.
+#
+# Submit from the directory that holds your runs:  sbatch jobs/slurm/sweep.sh
+# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/slurm/sweep.sh
+# `scaledl launch` builds the srun command and exports slurm's recommended
+# communication variables unless you set them first; --dry-run prints both.
+set -eo pipefail
+cd "${SLURM_SUBMIT_DIR:-.}"
+
+# Load your site's CUDA and MPI modules here (module load ...).
+
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory.
+SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+# shellcheck source=/dev/null
+source "$SCALEDL_VENV/bin/activate"
+
+NNODES=${SLURM_JOB_NUM_NODES:-1}
+PPN=4
+read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+
+# The sweep: 1, 2, 4, ... nodes, up to the nodes of this job (the per-rank batch stays
+# the same, so the global batch grows with the nodes: weak scaling).
+node_counts=()
+for ((n = 1; n <= NNODES; n *= 2)); do node_counts+=("$n"); done
+for nodes in "${node_counts[@]}"; do
+    scaledl launch --system slurm -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
+        -- scaledl.ladder.ddp --out-dir "runs/sweep/${nodes}nodes"
+done

@@ -1,0 +1,261 @@
+"""`scaledl doctor`: what this machine has for distributed training, and what will go wrong.
+
+Each finding is `ok`, `info` (worth knowing, not wrong: a laptop without a GPU trains on the
+CPU with gloo) or `PROBLEM` with the fix.  The exit status is 1 when there is a problem.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Mapping
+
+from scaledl import launchers
+from scaledl.errors import UserError
+from scaledl.systems import SYSTEMS, detect_system
+
+FRAMEWORKS = {  # distribution -> (rungs that need it, extra to install)
+    "torch": ("every PyTorch rung", "torch"),
+    "tensorflow-cpu": ("single_tf, horovod_tf", "tensorflow"),
+    "horovod": ("horovod_tf, horovod_torch", "horovod"),
+    "deepspeed": ("deepspeed, zero1-3", "deepspeed"),
+    "mpi4py": ("rendezvous under mpiexec", "mpi"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "ok", "info" or "problem"
+    text: str
+    fix: str = ""
+
+
+def ok(text: str) -> Finding:
+    return Finding("ok", text)
+
+
+def info(text: str) -> Finding:
+    return Finding("info", text)
+
+
+def problem(text: str, fix: str) -> Finding:
+    return Finding("problem", text, fix)
+
+
+def version(distribution: str) -> str | None:
+    names = (distribution, "tensorflow") if distribution == "tensorflow-cpu" else (distribution,)
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_frameworks() -> list[Finding]:
+    found = []
+    for distribution, (needed_by, extra) in FRAMEWORKS.items():
+        installed = version(distribution)
+        if installed:
+            found.append(ok(f"{distribution} {installed}"))
+        elif distribution == "torch":
+            found.append(problem("torch is not installed", "make setup, or pip install -e '.[torch]'"))
+        else:
+            found.append(info(f"{distribution} is not installed ({needed_by} need it): pip install -e '.[{extra}]'"))
+    tf = version("tensorflow-cpu")
+    if tf and version("horovod") and tuple(int(x) for x in re.findall(r"\d+", tf)[:2]) >= (2, 16):
+        found.append(problem(f"tensorflow {tf} brings Keras 3, whose optimizers Horovod's Keras API does not wrap: "
+                             "gradients would not be averaged", "pip install tensorflow==2.15.1 (Keras 2)"))
+    return found
+
+
+def check_horovod(gpus: int) -> list[Finding]:
+    if not version("horovod"):
+        return []
+    try:
+        import horovod.torch as hvd
+    except Exception as error:  # a Horovod built against another torch fails to load its extension
+        return [problem(f"horovod.torch does not load: {str(error).splitlines()[0]}",
+                        "rebuild Horovod against this torch: tools/build_horovod.sh (make setup does)")]
+    flags = {name: bool(getattr(hvd, f"{name}_built")()) for name in ("mpi", "gloo", "nccl", "cuda", "ccl")}
+    built = ", ".join(name for name, on in flags.items() if on) or "nothing"
+    found = [ok(f"horovod built with: {built}")]
+    if not (flags["mpi"] or flags["gloo"]):
+        found.append(problem("horovod has neither MPI nor Gloo: horovodrun cannot start it",
+                             "rebuild with HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1"))
+    if gpus and not flags["nccl"]:
+        found.append(problem("this machine has GPUs but Horovod was built without NCCL: allreduce goes through host memory",
+                             "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL"))
+    return found
+
+
+def mpi_family(text: str) -> str | None:
+    """'openmpi' or 'mpich' (MPICH, Cray MPICH, Intel MPI, PALS) from a version string."""
+    lowered = text.lower()
+    if "open mpi" in lowered or "openrte" in lowered or "open-mpi" in lowered:
+        return "openmpi"
+    if any(word in lowered for word in ("mpich", "hydra", "pals", "intel(r) mpi", "cray")):
+        return "mpich"
+    return None
+
+
+def check_mpi(env: Mapping[str, str]) -> list[Finding]:
+    found = []
+    library = None
+    if version("mpi4py"):
+        import mpi4py
+
+        mpi4py.rc.initialize = False  # only ask for the library's name: no MPI_Init here
+        from mpi4py import MPI
+
+        library = MPI.Get_library_version().strip().splitlines()[0]
+        found.append(ok(f"mpi4py uses {library[:70]}"))
+    mpiexec = shutil.which("mpiexec", path=env.get("PATH"))
+    if not mpiexec:
+        found.append(info("no mpiexec on PATH: MPI launches (Horovod, PBS systems) need one"))
+        return found
+    result = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    launcher = (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else "?"
+    found.append(ok(f"mpiexec: {mpiexec} ({launcher})"))
+    if library and mpi_family(library) and mpi_family(launcher) and mpi_family(library) != mpi_family(launcher):
+        found.append(problem(f"mpi4py is built for {mpi_family(library)} but {mpiexec} is {mpi_family(launcher)}: "
+                             "every rank would see itself as rank 0 of 1",
+                             "rebuild mpi4py with the system's MPI (MPICC=mpicc pip install --no-binary mpi4py "
+                             "mpi4py) or put the matching mpiexec first on PATH"))
+    return found
+
+
+def check_devices(system: str) -> tuple[list[Finding], int]:
+    if not version("torch"):
+        return [], 0
+    import torch
+    import torch.distributed as dist
+
+    gpus, kind = torch.cuda.device_count(), "CUDA"
+    if not gpus and hasattr(torch, "xpu") and torch.xpu.is_available():
+        gpus, kind = torch.xpu.device_count(), "XPU"
+    found = []
+    if gpus:
+        found.append(ok(f"{gpus} {kind} device{'s' * (gpus != 1)} on this node"))
+        expected = SYSTEMS[system].ranks_per_node
+        if expected and gpus != expected:
+            found.append(info(f"a {system} node has {expected} ranks' worth of devices; this one shows {gpus} "
+                              "(CUDA_VISIBLE_DEVICES / ZE_AFFINITY_MASK set?)"))
+    else:
+        found.append(info("no GPU here: ranks train on the CPU with the gloo backend, which is how the "
+                          "workshop runs on a laptop; on Polaris or Aurora run doctor inside a job"))
+        if torch.version.cuda is None and shutil.which("nvidia-smi"):
+            found.append(problem("this torch is the CPU build but the machine has NVIDIA GPUs",
+                                 "install the CUDA wheel of the same torch version"))
+    backends = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+                "mpi": dist.is_mpi_available(),
+                "xccl": getattr(dist, "is_xccl_available", lambda: False)()}
+    available = ", ".join(name for name, on in backends.items() if on) or "none"
+    found.append(ok(f"torch.distributed backends: {available}"))
+    needed = {"CUDA": "nccl", "XPU": "xccl"}.get(kind) if gpus else "gloo"
+    if not backends.get(needed):
+        found.append(problem(f"{needed}, the backend for this node's devices, is not available",
+                             "install the torch build for this machine's devices (the system's framework module)"))
+    return found, gpus
+
+
+def check_launcher(system: str, env: Mapping[str, str]) -> list[Finding]:
+    name = SYSTEMS[system].launcher
+    path = launchers.tool(name) if name == "torchrun" else shutil.which(name, path=env.get("PATH"))
+    if path and (os.path.isabs(path) and os.path.exists(path)):
+        found = [ok(f"launcher for {system}: {path}")]
+    else:
+        fix = {"torchrun": "install torch", "srun": "load Slurm's module or run on a Slurm login node",
+               "mpiexec": "run inside a PBS job on a compute node, where PALS mpiexec is on PATH"}[name]
+        found = [problem(f"{name}, the launcher for {system}, is not on PATH", fix)]
+    for tool in ("horovodrun", "deepspeed"):
+        if not os.path.exists(launchers.tool(tool)) and not shutil.which(tool):
+            found.append(info(f"no {tool}: its rung's demo launch needs it (scaledl launch works without)"))
+    return found
+
+
+def check_data(env: Mapping[str, str]) -> list[Finding]:
+    embedded = resources.files("scaledl").joinpath("embedded", "mnist-t10k")
+    found = [ok("embedded MNIST (mnist-embedded) is packaged") if embedded.is_dir() else
+             problem("the embedded MNIST is missing from the package", "reinstall scaledl: pip install -e .")]
+    folder = env.get("SCALEDL_DATA")
+    if not folder:
+        found.append(info("SCALEDL_DATA is not set: --dataset mnist and cifar10 need it (mnist-embedded and "
+                          "synthetic do not)"))
+    elif not Path(folder).is_dir():
+        found.append(problem(f"SCALEDL_DATA={folder} is not a directory",
+                             "stage the data there (on a file system every node mounts), or unset it"))
+    else:
+        entries = sorted(p.name for p in Path(folder).iterdir())[:6]
+        found.append(ok(f"SCALEDL_DATA={folder}: {', '.join(entries) or 'empty'}"))
+    return found
+
+
+def check_comm_env(system: str, env: Mapping[str, str]) -> list[Finding]:
+    presets = SYSTEMS[system].comm_env
+    if not presets:
+        return [info(f"no communication presets for {system}: the launcher's defaults apply")]
+    found = []
+    for preset in presets:
+        current = env.get(preset.name)
+        if current is None:
+            found.append(info(f"{preset.name} unset: scaledl launch exports {preset.value!r} ({preset.why})"))
+        elif current == preset.value:
+            found.append(ok(f"{preset.name}={current}"))
+        else:
+            found.append(info(f"{preset.name}={current}, recommended {preset.value!r} ({preset.why}; {preset.docs})"))
+    if system == "polaris" and env.get("NCCL_NET", "AWS Libfabric") == "AWS Libfabric":
+        folders = [f for f in env.get("LD_LIBRARY_PATH", "").split(":") if f]
+        if not any(Path(f, "libnccl-net.so").exists() for f in folders):
+            found.append(problem("NCCL_NET='AWS Libfabric' needs the aws-ofi-nccl plugin (libnccl-net.so), "
+                                 "which is on no LD_LIBRARY_PATH folder: NCCL will fail to start between nodes",
+                                 "module load conda (it adds the plugin), or prepend the plugin's lib folder "
+                                 "to LD_LIBRARY_PATH"))
+    return found
+
+
+def diagnose(env: Mapping[str, str] | None = None, system: str | None = None) -> tuple[str, list[Finding]]:
+    env = dict(os.environ if env is None else env)
+    findings = []
+    if system is None:
+        try:
+            system, reason = detect_system(env)
+            findings.append(ok(f"system: {system} ({reason})"))
+        except UserError as error:
+            system = "local"
+            findings.append(problem(str(error), "scaledl doctor --system polaris (or aurora)"))
+    else:
+        findings.append(ok(f"system: {system} (--system)"))
+    findings += check_frameworks()
+    device_findings, gpus = check_devices(system)
+    findings += device_findings + check_horovod(gpus) + check_mpi(env) + check_launcher(system, env)
+    findings += check_data(env) + check_comm_env(system, env)
+    return system, findings
+
+
+def format_report(system: str, findings: list[Finding]) -> str:
+    lines = [f"scaledl doctor on {socket.gethostname()} ({system})"]
+    for finding in findings:
+        lines.append(f"  {finding.level.upper() if finding.level == 'problem' else finding.level:8} {finding.text}")
+        if finding.fix:
+            lines.append(f"  {'':8} fix: {finding.fix}")
+    problems = sum(f.level == "problem" for f in findings)
+    lines.append(f"{problems} problem{'s' * (problems != 1)}" if problems else "no problems")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Report frameworks, devices, MPI, launchers, data and communication settings."
+    parser.add_argument("--system", choices=sorted(SYSTEMS), help="check for this system (default: detected)")
+
+
+def run(args: argparse.Namespace) -> int:
+    system, findings = diagnose(system=args.system)
+    print(format_report(system, findings))
+    return 1 if any(f.level == "problem" for f in findings) else 0

@@ -1,0 +1,153 @@
+"""`scaledl jobs`: PBS job scripts for Polaris and Aurora and sbatch scripts for Slurm.
+
+One script per rung of the ladder and one scaling sweep (1, 2, 4, ... nodes) per system, all
+rendered from `templates/job.sh.template`: only the scheduler's directives, the module set-up
+and the list of node counts differ, so the scripts cannot drift apart.  Each script calls
+`scaledl launch`, which builds the mpiexec/srun line, so that line lives in one place too.
+
+    scaledl jobs                        # (re)write jobs/ for every system
+    scaledl jobs --check                # list scripts that differ from what would be written
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from scaledl.ladder import RUNGS
+
+SCHEDULERS = ("polaris", "aurora", "slurm")
+SINGLE_RANK_RUNGS = ("single_torch", "single_tf")
+PIPELINE_RANKS = 2  # the pipeline rung splits the model over exactly 2 ranks
+RUNG_NODES = 2  # multi-node from the start: the debug queues take 1 or 2 nodes
+SWEEP_NODES = 8
+SWEEP_RUNG = "ddp"
+
+
+@dataclass(frozen=True)
+class Job:
+    system: str
+    name: str  # file name without .sh, and the runs/ folder
+    title: str
+    target: list[str]  # module and its flags
+    nodes: int
+    ppn: int
+    sweep: bool = False
+
+
+def queue(system: str, nodes: int) -> str:
+    """The ALCF queue for a job of `nodes` nodes (debug: 1-2 nodes; debug-scaling: up to 10 on
+    Polaris and 31 on Aurora; prod above)."""
+    if nodes <= 2:
+        return "debug"
+    return "debug-scaling" if nodes <= {"polaris": 10, "aurora": 31}[system] else "prod"
+
+
+def _directives(job: Job, project: str, slurm_gpus_per_node: int) -> str:
+    walltime = "01:00:00" if job.sweep else "00:30:00"
+    if job.system == "slurm":
+        lines = [f"--job-name=scaledl-{job.name}", f"--account={project}", f"--nodes={job.nodes}",
+                 f"--ntasks-per-node={job.ppn}", f"--gpus-per-node={min(job.ppn, slurm_gpus_per_node)}",
+                 f"--time={walltime}", "--output=%x-%j.out"]
+        return "\n".join(f"#SBATCH {line}" for line in lines)
+    select = f"{job.nodes}:system=polaris" if job.system == "polaris" else f"{job.nodes}"
+    filesystems = "home:eagle" if job.system == "polaris" else "home:flare"
+    lines = [f"-A {project}", f"-q {queue(job.system, job.nodes)}", f"-l select={select}", "-l place=scatter",
+             f"-l walltime={walltime}", f"-l filesystems={filesystems}", f"-N scaledl-{job.name}", "-j oe"]
+    if job.system == "aurora":
+        lines.append("-k doe")  # write output straight to its final place, readable while it runs
+    return "\n".join(f"#PBS {line}" for line in lines)
+
+
+SETUP = {
+    "polaris": ("# Polaris: the conda module has PyTorch built for CUDA, NCCL and the aws-ofi-nccl plugin.\n"
+                "if command -v module >/dev/null 2>&1; then\n"
+                "    module use /soft/modulefiles\n"
+                "    module load conda\n"
+                "    conda activate base\n"
+                "fi\n"),
+    "aurora": ("# Aurora: the frameworks module has PyTorch for Intel GPUs (XPU), oneCCL and MPICH.\n"
+               "if command -v module >/dev/null 2>&1; then\n"
+               "    module load frameworks\n"
+               "fi\n"),
+    "slurm": "# Load your site's CUDA and MPI modules here (module load ...).\n",
+}
+
+RUNG_NODE_COUNTS = 'node_counts=("$NNODES")'
+SWEEP_NODE_COUNTS = ("# The sweep: 1, 2, 4, ... nodes, up to the nodes of this job (the per-rank batch stays\n"
+                     "# the same, so the global batch grows with the nodes: weak scaling).\n"
+                     "node_counts=()\n"
+                     "for ((n = 1; n <= NNODES; n *= 2)); do node_counts+=(\"$n\"); done")
+
+
+def jobs_for(system: str, ranks_per_node: int) -> list[Job]:
+    jobs = []
+    for rung, (module, _launcher, flags) in RUNGS.items():
+        nodes, ppn = (1, 1) if rung in SINGLE_RANK_RUNGS else (1, PIPELINE_RANKS) if rung == "pipeline" \
+            else (RUNG_NODES, ranks_per_node)
+        jobs.append(Job(system, rung, f"The ladder's {rung} rung on {system}.",
+                        [f"scaledl.ladder.{module}", *flags], nodes, ppn))
+    module, _launcher, flags = RUNGS[SWEEP_RUNG]
+    jobs.append(Job(system, "sweep", f"Scaling sweep of the {SWEEP_RUNG} rung on {system}: 1, 2, 4, ... nodes.",
+                    [f"scaledl.ladder.{module}", *flags], SWEEP_NODES, ranks_per_node, sweep=True))
+    return jobs
+
+
+def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4) -> str:
+    pbs = job.system != "slurm"
+    values = {
+        "directives": _directives(job, project, slurm_gpus_per_node),
+        "title": job.title,
+        "submit": "qsub" if pbs else "sbatch",
+        "system": job.system,
+        "name": job.name,
+        "launcher": "mpiexec" if pbs else "srun",
+        "workdir": "${PBS_O_WORKDIR:-.}" if pbs else "${SLURM_SUBMIT_DIR:-.}",
+        "setup": SETUP[job.system],
+        "count_nodes": '$(sort -u "$PBS_NODEFILE" | wc -l)' if pbs else "${SLURM_JOB_NUM_NODES:-1}",
+        "ppn": str(job.ppn),
+        "node_counts": SWEEP_NODE_COUNTS if job.sweep else RUNG_NODE_COUNTS,
+        "target": shlex.join(job.target),
+    }
+    template = resources.files("scaledl").joinpath("templates", "job.sh.template").read_text()
+    return re.sub(r"\{\{(\w+)\}\}", lambda match: values[match.group(1)], template)
+
+
+def generate(out: str | Path = "jobs", systems=SCHEDULERS, project: str = "YOUR_PROJECT",
+             slurm_gpus_per_node: int = 4, check: bool = False) -> list[Path]:
+    """Write every job script under `out`; return those that changed (with check: would change)."""
+    from scaledl.systems import SYSTEMS
+
+    changed = []
+    for system in systems:
+        ranks_per_node = SYSTEMS[system].ranks_per_node or slurm_gpus_per_node
+        for job in jobs_for(system, ranks_per_node):
+            path = Path(out, system, f"{job.name}.sh")
+            text = render(job, project, slurm_gpus_per_node)
+            if path.is_file() and path.read_text() == text:
+                continue
+            changed.append(path)
+            if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                path.chmod(0o755)
+    return changed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Write PBS job scripts for Polaris and Aurora and sbatch scripts for Slurm."
+    parser.add_argument("--out", default="jobs", help="directory to write <system>/<rung>.sh into")
+    parser.add_argument("--system", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
+    parser.add_argument("--project", default="YOUR_PROJECT", help="allocation to charge (#PBS -A, --account)")
+    parser.add_argument("--slurm-gpus-per-node", type=int, default=4, help="GPUs a node of your Slurm cluster has")
+    parser.add_argument("--check", action="store_true", help="only list scripts that are out of date (exit 1 if any)")
+
+
+def run(args: argparse.Namespace) -> int:
+    changed = generate(args.out, args.system, args.project, args.slurm_gpus_per_node, args.check)
+    for path in changed:
+        print(f"{'out of date' if args.check else 'wrote'}: {path}")
+    return 1 if args.check and changed else 0

@@ -1,0 +1,71 @@
+"""Stop (or skip the step) when training produces a NaN or an infinity.
+
+A diverged run that carries on writes NaN weights into every later checkpoint, and on a
+shared machine nobody notices until the allocation is gone.  The guard looks at the
+gradients after they have been averaged across ranks, so every rank sees the same verdict
+and they all stop (or skip) together; a rank that stopped alone would leave its peers waiting
+in the next collective until the timeout.
+
+Under fp16 loss scaling an infinite gradient is expected now and then: the GradScaler skips
+that step and lowers the scale, so the guard stands aside.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from scaledl.errors import RunError
+
+POLICIES = ("stop", "skip")
+
+
+class NonFiniteError(RunError):
+    """The loss or the gradients became NaN or infinite; the message says where and what next."""
+
+
+class NonFiniteGuard:
+    def __init__(self, policy: str, rank: int, checkpoint_path: str | Path, enabled: bool = True, log=None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy, self.rank, self.enabled, self.log = policy, rank, enabled, log
+        self.checkpoint_path = Path(checkpoint_path)
+        self.skipped_steps = 0
+
+    def allows_step(self, parameters, loss, step: int) -> bool:
+        """True when the optimizer may step; False to skip this step; raises to stop the run."""
+        if not self.enabled:
+            return True
+        import torch
+
+        grads = [p.grad for p in parameters if p.grad is not None]
+        # One norm over all gradients: a single host sync per step, and a NaN anywhere shows.
+        if not grads or math.isfinite(torch.nn.utils.get_total_norm(grads).item()):
+            return True
+        return self._non_finite(loss, step, "gradients")
+
+    def allows_loss(self, loss, step: int) -> bool:
+        """The same verdict from the loss alone, agreed over all ranks (one tiny all-reduce):
+        for engines that keep the averaged gradients to themselves (DeepSpeed's ZeRO)."""
+        if not self.enabled:
+            return True
+        import torch
+        import torch.distributed as dist
+
+        bad = (~torch.isfinite(loss.detach())).float().reshape(1)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return bad.item() == 0 or self._non_finite(loss, step, "loss")
+
+    def _non_finite(self, loss, step: int, what: str) -> bool:
+        loss_value = float(loss.detach().float().item())
+        if self.policy == "skip":
+            self.skipped_steps += 1
+            if self.log is not None:
+                self.log.warning("step %d: non-finite %s (loss %s on rank 0); step skipped (%d so far)",
+                                 step, what, loss_value, self.skipped_steps)
+            return False
+        last_good = (f"last good checkpoint {self.checkpoint_path}" if self.checkpoint_path.exists()
+                     else "no checkpoint written yet")
+        raise NonFiniteError(
+            f"non-finite {what} at step {step} on rank {self.rank} (loss on this rank: {loss_value}); {last_good}. "
+            "Lower --lr, or pass --on-nonfinite skip to skip such steps")

@@ -1,0 +1,140 @@
+"""The machines a job can run on, how to tell which one this is, and what each one needs.
+
+A system is where ranks start: this machine alone ("local", torchrun), ALCF's Polaris and
+Aurora (PBS + PALS `mpiexec`), or any Slurm cluster (`srun`).  Each has a number of ranks per
+node (one per GPU, or per tile on Aurora) and a recommended communication environment:
+presets that `scaledl launch` exports unless the variable is already set, so a user sees them
+(`scaledl launch --dry-run`) and overrides them (`export NAME=...` or `--env NAME=VALUE`).
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from scaledl.launch_env import LaunchError
+
+POLARIS_NCCL_DOCS = "ALCF user guide, Polaris > Data Science > NCCL (docs.alcf.anl.gov/polaris)"
+AURORA_CCL_DOCS = "ALCF user guide, Aurora > Data Science > oneCCL (docs.alcf.anl.gov/aurora)"
+AURORA_JOBS_DOCS = "https://docs.alcf.anl.gov/aurora/running-jobs-aurora"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One recommended environment variable: its value, what it is for, where it is documented."""
+
+    name: str
+    value: str
+    why: str
+    docs: str
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    launcher: str  # the command that starts the ranks
+    ranks_per_node: int  # one rank per GPU (per tile on Aurora); 0: read from the allocation
+    comm_env: tuple[Preset, ...] = ()
+
+
+POLARIS_COMM_ENV = (
+    Preset("NCCL_NET", "AWS Libfabric",
+           "use the aws-ofi-nccl plugin (libfabric over Slingshot), not TCP sockets, between nodes",
+           POLARIS_NCCL_DOCS),
+    Preset("NCCL_NET_GDR_LEVEL", "PHB", "GPUDirect RDMA when GPU and NIC share a PCIe host bridge",
+           POLARIS_NCCL_DOCS),
+    Preset("NCCL_CROSS_NIC", "1", "let rings and trees use a different NIC on each node", POLARIS_NCCL_DOCS),
+    Preset("NCCL_COLLNET_ENABLE", "1", "allow collectives offloaded to the network", POLARIS_NCCL_DOCS),
+    Preset("FI_CXI_DISABLE_HOST_REGISTER", "1",
+           "keep libfabric from registering host memory that CUDA also pins (a source of hangs)",
+           POLARIS_NCCL_DOCS),
+    Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
+           "how libfabric notices freed registered memory; the default monitor misses CUDA frees",
+           POLARIS_NCCL_DOCS),
+    Preset("FI_CXI_DEFAULT_CQ_SIZE", "131072",
+           "a completion queue large enough that many ranks do not overrun it", POLARIS_NCCL_DOCS),
+)
+
+AURORA_COMM_ENV = (
+    Preset("CCL_PROCESS_LAUNCHER", "pmix", "oneCCL learns ranks from PALS through PMIx", AURORA_CCL_DOCS),
+    Preset("PALS_PMI", "pmix", "make PALS mpiexec serve PMIx, which CCL_PROCESS_LAUNCHER=pmix needs",
+           AURORA_CCL_DOCS),
+    Preset("CCL_ATL_TRANSPORT", "mpi", "oneCCL moves data between nodes over Aurora's MPICH", AURORA_CCL_DOCS),
+    Preset("CCL_KVS_MODE", "mpi",
+           "oneCCL exchanges addresses over MPI instead of a TCP key-value store; MPI must be initialized "
+           "first (scaledl.setup does, through mpi4py)", AURORA_CCL_DOCS),
+    Preset("CCL_KVS_USE_MPI_RANKS", "1", "oneCCL ranks are the MPI ranks", AURORA_CCL_DOCS),
+    Preset("CCL_CONFIGURATION", "cpu_gpu_dpcpp", "oneCCL's build with GPU (SYCL) buffers", AURORA_CCL_DOCS),
+    Preset("CCL_KVS_CONNECTION_TIMEOUT", "600", "seconds to wait for all ranks at start-up on many nodes",
+           AURORA_CCL_DOCS),
+    Preset("ZE_ENABLE_PCI_ID_DEVICE_ORDER", "1",
+           "number GPUs in PCI order, so ZE_AFFINITY_MASK names the same tile on every node", AURORA_JOBS_DOCS),
+    Preset("FI_PROVIDER", "cxi", "libfabric's Slingshot provider", AURORA_CCL_DOCS),
+    Preset("FI_CXI_DEFAULT_CQ_SIZE", "1048576", "a completion queue large enough for 12 ranks a node",
+           AURORA_CCL_DOCS),
+    Preset("FI_CXI_RX_MATCH_MODE", "hybrid", "fall back to software matching instead of failing when "
+           "hardware receive slots run out", AURORA_CCL_DOCS),
+    Preset("FI_MR_CACHE_MONITOR", "disabled", "no memory-registration cache: avoids stale GPU registrations",
+           AURORA_CCL_DOCS),
+)
+
+SYSTEMS = {
+    "local": System("local", "torchrun", 0),
+    "polaris": System("polaris", "mpiexec", 4, POLARIS_COMM_ENV),
+    "aurora": System("aurora", "mpiexec", 12, AURORA_COMM_ENV),
+    "slurm": System("slurm", "srun", 0),
+}
+
+# Polaris: 32 cores a node, 8 per GPU rank.  Aurora: 2 x 52 cores; cores 0 and 52 are kept
+# for the system, so each of the 12 tile ranks gets 8 cores of its own socket.
+POLARIS_CORES_PER_NODE = 32
+AURORA_CPU_LISTS = ("1-8", "9-16", "17-24", "25-32", "33-40", "41-48",
+                    "53-60", "61-68", "69-76", "77-84", "85-92", "93-100")
+
+# Aurora: 6 GPUs of 2 tiles each.  Every rank must see only its tile before Level Zero starts,
+# so PALS runs this wrapper, which sets ZE_AFFINITY_MASK=<gpu>.<tile> from the local rank (as
+# ALCF's gpu_tile_compact.sh does) and then execs the program.  It is inline, not a file:
+# a file written at launch would sit in one node's /tmp and be missing on the others.
+AURORA_TILE_BIND = ('r=${PALS_LOCAL_RANKID:?not started by PALS mpiexec}; '
+                    'export ZE_AFFINITY_MASK=$((r / 2 % 6)).$((r % 2)); exec "$@"')
+
+
+def detect_system(env: Mapping[str, str], hostname: str | None = None) -> tuple[str, str]:
+    """(system name, the reason) from the batch environment and host names."""
+    if "SLURM_JOB_ID" in env:
+        return "slurm", f"SLURM_JOB_ID={env['SLURM_JOB_ID']}"
+    hostname = hostname if hostname is not None else socket.gethostname()
+    nodes = node_list(env)
+    clues = [("PBS_JOBID", env.get("PBS_JOBID", "")), ("host", hostname),
+             ("PBS_NODEFILE", nodes[0] if nodes else "")]
+    for label, text in clues:
+        for name, pattern in (("polaris", r"polaris|^x3\d{3}c"), ("aurora", r"aurora|^x4\d{3}c")):
+            if text and re.search(pattern, text):
+                return name, f"{label} {text}"
+    if "PBS_JOBID" in env or "PBS_NODEFILE" in env:
+        raise LaunchError(f"a PBS job on a system not known here (PBS_JOBID={env.get('PBS_JOBID', '')!r}): "
+                          "name it with --system polaris or --system aurora")
+    return "local", "no PBS or Slurm job here"
+
+
+def node_list(env: Mapping[str, str]) -> list[str]:
+    """Host names of the PBS job (one per node), [] outside a job."""
+    nodefile = env.get("PBS_NODEFILE")
+    if not nodefile or not Path(nodefile).is_file():
+        return []
+    return list(dict.fromkeys(Path(nodefile).read_text().split()))
+
+
+def slurm_nodes(env: Mapping[str, str]) -> int | None:
+    return int(env["SLURM_JOB_NUM_NODES"]) if env.get("SLURM_JOB_NUM_NODES", "").isdigit() else None
+
+
+def slurm_gpus_per_node(env: Mapping[str, str]) -> int:
+    """GPUs Slurm gave this job on each node (0 when it gave none)."""
+    for name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        match = re.search(r"(\d+)$", env.get(name, ""))  # "4" or "a100:4"
+        if match:
+            return int(match.group(1))
+    return 0

@@ -1,0 +1,79 @@
+"""`scaledl doctor`: runs here without a GPU, and names each problem with its fix."""
+import os
+import subprocess
+from importlib import metadata
+
+import pytest
+
+from conftest import tool
+from scaledl import doctor
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PBS_", "SLURM_", "PALS_", "SCALEDL_DATA", "NCCL_", "FI_", "CCL_"))}
+    return {**env, **extra}
+
+
+def run_doctor(env, *args):
+    return subprocess.run([tool("scaledl"), "doctor", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_doctor_here_reports_a_missing_gpu_as_information():
+    import torch
+
+    result = run_doctor(clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert f"torch {metadata.version('torch')}" in result.stdout
+    assert "system: local" in result.stdout
+    if torch.cuda.device_count() == 0:
+        assert any(line.split()[0] == "info" and "no GPU" in line for line in lines[1:-1])
+    assert "horovod built with:" in result.stdout and "mpiexec:" in result.stdout
+    assert lines[-1] == "no problems"
+
+
+def test_doctor_names_a_problem_and_its_fix(tmp_path):
+    missing = tmp_path / "no-such-data"
+    result = run_doctor(clean_env(SCALEDL_DATA=str(missing)))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[0] == "PROBLEM")
+    assert f"SCALEDL_DATA={missing} is not a directory" in lines[at]
+    assert lines[at + 1].strip().startswith("fix: ")
+    assert lines[-1] == "1 problem"
+
+
+@pytest.mark.parametrize("text, family", [
+    ("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4", "openmpi"),
+    ("mpiexec (OpenRTE) 4.1.4", "openmpi"),
+    ("MPICH Version:      4.1.2", "mpich"),
+    ("HYDRA build details:", "mpich"),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.10", "mpich"),
+    ("something else", None),
+])
+def test_mpi_family(text, family):
+    assert doctor.mpi_family(text) == family
+
+
+def test_mpi4py_built_for_another_mpi_than_mpiexec_is_a_problem(tmp_path):
+    # An MPICH-family mpiexec first on PATH, in front of the Open MPI that mpi4py is built with.
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
+    fake.chmod(0o755)
+    findings = doctor.check_mpi({"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    problems = [f for f in findings if f.level == "problem"]
+    if "open mpi" not in " ".join(f.text.lower() for f in findings):
+        pytest.skip("mpi4py here is not built with Open MPI")
+    assert len(problems) == 1 and "rank 0 of 1" in problems[0].text and "mpi4py" in problems[0].fix
+
+
+def test_polaris_without_the_nccl_plugin_is_a_problem(tmp_path):
+    findings = doctor.check_comm_env("polaris", {"LD_LIBRARY_PATH": str(tmp_path), "NCCL_CROSS_NIC": "0"})
+    [plugin] = [f for f in findings if f.level == "problem"]
+    assert "libnccl-net.so" in plugin.text and "module load conda" in plugin.fix
+    cross_nic = next(f for f in findings if f.text.startswith("NCCL_CROSS_NIC"))
+    assert cross_nic.level == "info" and "recommended '1'" in cross_nic.text
+    (tmp_path / "libnccl-net.so").write_bytes(b"")
+    assert not [f for f in doctor.check_comm_env("polaris", {"LD_LIBRARY_PATH": str(tmp_path)})
+                if f.level == "problem"]
