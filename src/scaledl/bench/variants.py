@@ -1,0 +1,171 @@
+"""One training step of the ladder's CNN, built the way each rung builds it.
+
+Every variant trains the same model on the same fixed batch with the same optimizer, so
+the only difference between two variants' step times is what the framework adds.  The
+batch is made once on the device: the input pipeline has its own suite (`input`).
+
+    variant = build("ddp", micro_batch_size=32)    # joins the job the launcher started
+    variant.step()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
+
+# Variant name -> (ZeRO stage for DeepSpeed variants, offload).  The plain loop is rung 1.
+DEEPSPEED_VARIANTS = {"deepspeed": (0, False), "zero1": (1, False), "zero2": (2, False), "zero3": (3, False),
+                      "zero3_offload": (3, True)}
+VARIANTS = ("plain", "ddp", "horovod", *DEEPSPEED_VARIANTS, "fsdp")
+# How each variant is started with more than one rank (scaledl.launchers.for_launcher): the
+# rung's own launcher, and one that starts in half the time (horovodrun and deepspeed's
+# launcher import TensorFlow or DeepSpeed themselves before they start the ranks).  The
+# launcher does not change what is timed: the same steps, after warm-up, inside the ranks.
+LAUNCHER = {"plain": "python", "ddp": "torchrun", "horovod": "horovodrun", "fsdp": "torchrun",
+            **{name: "deepspeed" for name in DEEPSPEED_VARIANTS}}
+QUICK_LAUNCHER = {**{name: "torchrun" for name in LAUNCHER}, "plain": "python", "horovod": "mpirun"}
+
+
+def launcher_for(variant: str, quick: bool) -> str:
+    return (QUICK_LAUNCHER if quick else LAUNCHER)[variant]
+
+
+@dataclass
+class Variant:
+    name: str
+    rank: int
+    world_size: int
+    device: object
+    step: Callable[[], None]
+    num_params: int
+    batch: tuple = ()
+    engine: object = None  # the DeepSpeed engine, for scaledl.zero_memory.measure
+
+
+def build(name: str, micro_batch_size: int = 32, threads: int | None = None, bucket_cap_mb: float | None = None,
+          seed: int = 0, model_name: str = "cnn") -> Variant:
+    import torch
+
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
+    if threads:
+        torch.set_num_threads(threads)
+    builder = _deepspeed if name in DEEPSPEED_VARIANTS else globals()[f"_{name}"]
+    return builder(name, micro_batch_size, bucket_cap_mb, seed, model_name)
+
+
+def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_name: str = "cnn"):
+    """The model on `device` and one random batch for it (different on every rank)."""
+    import torch
+
+    from scaledl import models
+
+    torch.manual_seed(seed)
+    if model_name == "resnet50":  # Horovod's synthetic benchmark's default
+        import torchvision
+
+        model, shape, classes = torchvision.models.resnet50(), (3, 224, 224), 1000
+    else:
+        model, shape, classes = models.torch_cnn(), (1, 28, 28), 10
+    generator = torch.Generator().manual_seed(seed + rank)
+    x = torch.randn(micro_batch_size, *shape, generator=generator).to(device)
+    y = torch.randint(0, classes, (micro_batch_size,), generator=generator).to(device)
+    return model.to(device), x, y
+
+
+def _sgd(model):
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _torch_step(model, optimizer, x, y) -> Callable[[], None]:
+    import torch.nn.functional as F
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _plain(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    from scaledl import distributed
+
+    # No distributed.setup(): it exports RANK, MASTER_PORT, ... and the in-process suites
+    # build this variant in the parent, whose environment the launched jobs inherit.
+    device = distributed.pick_device(0)
+    model, x, y = model_and_batch(device, micro_batch_size, 0, seed, model_name)
+    return Variant(name, 0, 1, device, _torch_step(model, _sgd(model), x, y), _count(model), (x, y))
+
+
+def _ddp(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from scaledl import distributed
+
+    dist = distributed.setup(seed=seed)
+    model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    ddp = DDP(model, device_ids=[dist.device] if dist.device.type in ("cuda", "xpu") else None, **options)
+    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(ddp, _sgd(ddp), x, y), _count(model),
+                   (x, y))
+
+
+def _horovod(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    import horovod.torch as hvd
+
+    from scaledl import distributed
+
+    hvd.init()
+    dist = distributed.setup(init_process_group=False, seed=seed)
+    model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
+    optimizer = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return Variant(name, hvd.rank(), hvd.size(), dist.device, _torch_step(model, optimizer, x, y), _count(model),
+                   (x, y))
+
+
+def _fsdp(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    from torch.distributed.fsdp import fully_shard
+
+    from scaledl import distributed
+
+    dist = distributed.setup(seed=seed)
+    model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
+    num_params = _count(model)
+    for layer in model.children():  # as the fsdp rung shards it
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    fully_shard(model)
+    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(model, _sgd(model), x, y), num_params,
+                   (x, y))
+
+
+def _deepspeed(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    import deepspeed
+    import torch.nn.functional as F
+
+    from scaledl import Config, distributed
+    from scaledl.ladder.deepspeed import deepspeed_config
+
+    stage, offload = DEEPSPEED_VARIANTS[name]
+    dist = distributed.setup(seed=seed)
+    model, x, y = model_and_batch("cpu", micro_batch_size, dist.rank, seed, model_name)
+    x, y = x.to(dist.device), y.to(dist.device)
+    num_params = _count(model)
+    flags = SimpleNamespace(zero_stage=stage, offload_optimizer=offload, offload_params=offload)
+    config = deepspeed_config(Config(batch_size=micro_batch_size), flags, dist.world_size)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=_sgd(model), config=config)
+
+    def step() -> None:
+        engine.backward(F.cross_entropy(engine(x), y))
+        engine.step()
+
+    return Variant(name, dist.rank, dist.world_size, dist.device, step, num_params, (x, y), engine)

@@ -1,0 +1,72 @@
+"""Every grader check says FAIL on the untouched exercise (nbval checks it says PASS on the
+solution: those cells' stored outputs are the solution's verdicts)."""
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ROOT
+from scaledl import launchers
+
+CHECK_TAG = "nbval-check-output"
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+def is_check(cell) -> bool:
+    return cell.cell_type == "code" and CHECK_TAG in cell.metadata.get("tags", [])
+
+
+def through_last_check(notebook):
+    """The cells up to the last check, and the ones after it that stop the ranks: what follows
+    (launching a rung) does not depend on the exercise."""
+    last = max(i for i, cell in enumerate(notebook.cells) if is_check(cell))
+    notebook.cells = notebook.cells[:last + 1] + [
+        cell for cell in notebook.cells[last + 1:] if "stop_cluster_sync" in cell.source]
+    return notebook
+
+
+def verdicts(cell) -> str:
+    return "".join(output.get("text", "") for output in cell.outputs if output.output_type == "stream")
+
+
+def test_every_solution_has_a_check_and_a_parameters_cell():
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        assert any(is_check(cell) for cell in notebook.cells), path.name
+        assert any("parameters" in cell.metadata.get("tags", []) for cell in notebook.cells), path.name
+        for cell in filter(is_check, notebook.cells):
+            assert verdicts(cell).startswith("PASS: "), (path.name, cell.source)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXERCISES, ids=[path.stem for path in EXERCISES])
+def test_untouched_exercise_fails_its_checks(path, monkeypatch):
+    for name, value in launchers.local_env(2).items():
+        monkeypatch.setenv(name, value)
+    notebook = through_last_check(nbformat.read(path, as_version=4))
+    # allow_errors: the exercise cells raise NotImplementedError, as a learner's first run does.
+    NotebookClient(notebook, timeout=300, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    checks = [cell for cell in notebook.cells if is_check(cell)]
+    assert checks
+    for cell in checks:
+        text = verdicts(cell)
+        assert "FAIL: " in text and "PASS: " not in text, (cell.source, text, cell.outputs)
+    assert any("NotImplementedError" in str(cell.get("outputs", [])) for cell in notebook.cells)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")) + [ROOT / "notebooks" / "09_scaling.ipynb"],
+                         ids=lambda path: path.stem)
+def test_papermill_overrides_the_parameters_cell(path, tmp_path):
+    import papermill
+
+    notebook = nbformat.read(path, as_version=4)
+    params_cell = next(cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", []))
+    name = params_cell.source.split("=")[0].strip()
+    out = tmp_path / path.name
+    papermill.execute_notebook(str(path), str(out), parameters={name: 4}, prepare_only=True, progress_bar=False)
+    cells = nbformat.read(out, as_version=4).cells
+    injected = next(i for i, cell in enumerate(cells) if "injected-parameters" in cell.metadata.get("tags", []))
+    assert f"{name} = 4" in cells[injected].source
+    assert "parameters" in cells[injected - 1].metadata.get("tags", [])  # right after the defaults
