@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -27,15 +28,16 @@ def run_with_fault(command, fault: str | None, step: int, limit_s: float) -> tup
     env = launchers.local_env(2, {**os.environ, **faults})
     env["PYTHONPATH"] = os.pathsep.join([str(PROBES), env.get("PYTHONPATH", "")])
     start = time.monotonic()
-    # start_new_session: if the launcher fails to clean up, the test kills what is left.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         stdout, stderr = process.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
+        # Launchers start ranks in sessions of their own: kill the whole tree, or the ranks
+        # would keep the output pipes open.
+        for child in [*psutil.Process(process.pid).children(recursive=True), psutil.Process(process.pid)]:
+            child.kill()
         stdout, stderr = process.communicate()
-        pytest.fail(f"{' '.join(command)} still running after {limit_s} s\n{stderr[-3000:]}")
+        pytest.fail(f"{' '.join(command)} still running after {limit_s} s\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), time.monotonic() - start
 
 
@@ -53,11 +55,18 @@ def test_a_killed_rank_ends_the_job_within_the_timeout_ten_times_running(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_hung_rank_fails_the_others_after_the_collective_timeout(tmp_path):
-    result, elapsed = run_with_fault(LAUNCH["ddp"]([*ARGS, "--out-dir", str(tmp_path)]), "stop", step=3, limit_s=120)
+@pytest.mark.parametrize("rung, message", [
+    ("ddp", f"a collective waited the --timeout of {TIMEOUT_S} s for a peer rank"),
+    ("deepspeed", f"a collective waited the --timeout of {TIMEOUT_S} s for a peer rank"),
+    # Horovod's background thread fails first and shuts Horovod down; the rung sees that.
+    ("horovod_torch", "a collective lost a peer rank (it died or stopped answering)"),
+])
+def test_a_hung_rank_fails_the_others_after_the_collective_timeout(tmp_path, rung, message):
+    result, elapsed = run_with_fault(LAUNCH[rung]([*ARGS, "--out-dir", str(tmp_path)]), "stop", step=3, limit_s=120)
     assert result.returncode != 0
-    # Rank 0 names the timeout; torchrun then kills the stopped rank after its own grace period.
-    assert f"a collective waited the --timeout of {TIMEOUT_S} s for a peer rank" in result.stderr, result.stderr[-3000:]
+    # Rank 0 gives up after the timeout; the launcher then kills the stopped rank after its
+    # own grace period (torchrun's and deepspeed's: 30 s).
+    assert message in result.stdout + result.stderr, result.stderr[-3000:]
     assert elapsed < 90
 
 

@@ -163,12 +163,30 @@ def setup(device: str | None = None, backend: str | None = None, timeout_s: floa
         seed_everything(seed)
     errors.collective_timeout_s = timeout_s
     if init_process_group and not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        rendezvous = _restart_store(addr, port, info.world_size, timeout)
         dist.init_process_group(
-            backend=torch_backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
-            world_size=info.world_size, timeout=datetime.timedelta(seconds=timeout_s),
+            backend=torch_backend, rank=info.rank, world_size=info.world_size, timeout=timeout,
+            **({"store": rendezvous} if rendezvous else {"init_method": f"tcp://{addr}:{port}"}),
             **({"device_id": torch_device} if torch_device.type == "cuda" else {}))
     return Distributed(info.rank, info.local_rank, info.world_size, info.local_world_size,
                        torch_device, torch_backend, info.launcher, addr, port)
+
+
+def _restart_store(addr: str, port: int, world_size: int, timeout: datetime.timedelta):
+    """The rendezvous store for ranks that torchrun restarted (`--max-restarts`), else None.
+
+    torchrun's agent keeps one store for the whole job, so the restarted ranks would find the
+    addresses their dead predecessors published there and fail to connect; each attempt gets
+    keys of its own.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    agent_store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"attempt{attempt}", agent_store)
 
 
 def teardown() -> None:

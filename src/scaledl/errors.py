@@ -54,7 +54,7 @@ def exits_cleanly(main):
                 waited = f"the --timeout of {collective_timeout_s:g} s" if collective_timeout_s else "its timeout"
                 what = f"a collective waited {waited} for a peer rank that hung or died"
             else:
-                what = "a collective lost a peer rank (it died)"
+                what = "a collective lost a peer rank (it died or stopped answering)"
             detail = text.splitlines()[0][:200] if text else type(error).__name__
             print(f"{prog}: error: {what}; check the other ranks' output ({detail})", file=sys.stderr, flush=True)
             return 1

@@ -12,6 +12,9 @@ runs and silently trains each rank on its own, which is why this project pins Te
 """
 from __future__ import annotations
 
+import math  # New Code #
+import os  # New Code #
+
 import sys
 import time  # New Code #
 
@@ -133,6 +136,8 @@ def pin_gpu(local_rank: int) -> None:  # New Code #: one GPU per rank, chosen by
 
 
 def run(config: config_lib.Config, args) -> dict:  # New Code #
+    # New Code #: under gloo (horovodrun's default here), a peer that stops answering fails the job after --timeout.
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     hvd.init()  # New Code #
     info = launch_env.detect()
     pin_gpu(info.local_rank)  # New Code #

@@ -9,6 +9,9 @@ optimizer: each gradient is all-reduced (averaged) as soon as backward produces 
 """
 from __future__ import annotations
 
+import math  # New Code #
+import os  # New Code #
+
 import torch
 import horovod.torch as hvd  # New Code #
 import torch.nn.functional as F
@@ -100,6 +103,8 @@ class Trainer:
 
 
 def run(config: config_lib.Config, args) -> dict:  # New Code #
+    # New Code #: under gloo (horovodrun's default here), a peer that stops answering fails the job after --timeout.
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     hvd.init()  # New Code #
     dist = distributed.setup(config.device, config.backend, config.timeout, config.seed, init_process_group=False)
     data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
