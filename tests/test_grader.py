@@ -80,3 +80,8 @@ def test_horovod_allreduce_check(capsys):
     assert not grader.check_horovod_allreduce([(1.0, 1.0), (2.0, 2.0)], 2)  # nothing reduced
     assert "it still holds its own value" in capsys.readouterr().out
     assert not grader.check_horovod_allreduce(None, 2)
+
+
+def test_horovod_sync_check_on_an_unfinished_training_cell(capsys):
+    assert not grader.check_horovod_sync([[], []], "tf")  # the exercise raised before the first step ended
+    assert "did not finish on every rank" in capsys.readouterr().out
