@@ -189,11 +189,38 @@ def _restart_store(addr: str, port: int, world_size: int, timeout: datetime.time
     return dist.PrefixStore(f"attempt{attempt}", agent_store)
 
 
+def release_deepspeed_shared_memory() -> None:
+    """Call on every rank right after `deepspeed.initialize`.
+
+    DeepSpeed's CPU all-reduce (its shm_comm op, used when every rank is on one node) puts a
+    69 MB buffer per rank in /dev/shm, named after MASTER_ADDR and MASTER_PORT, and never
+    removes it: every job leaks its buffers until /dev/shm, which is RAM, runs out.  Once all
+    ranks have opened each other's buffers (the barrier), the names can go; the mappings stay
+    valid for the rest of the job, and a rank that is killed leaves nothing behind.
+    """
+    import torch.distributed as dist
+
+    if "deepspeed" in sys.modules and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        _unlink_deepspeed_buffer(dist.get_rank())
+
+
+def _unlink_deepspeed_buffer(rank: int) -> None:
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    try:
+        os.unlink(os.path.join("/dev/shm", name))
+    except OSError:
+        pass  # not created (torchrun, several nodes, no shm_comm) or already removed
+
+
 def teardown() -> None:
     """Leave the process group (safe to call when none was joined)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if "deepspeed" in sys.modules:
+            _unlink_deepspeed_buffer(dist.get_rank())
         # All ranks leave together: a rank that destroys its group while a peer is still
         # in the last collective can abort the peer's communication threads (seen with gloo).
         # Not when leaving because of an error: a peer may be dead, and the barrier would

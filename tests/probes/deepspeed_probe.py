@@ -5,6 +5,8 @@ import sys
 import deepspeed
 import torch
 
+from scaledl.distributed import release_deepspeed_shared_memory
+
 stage = int(next((a for a in sys.argv[1:] if not a.startswith("--local_rank")), 0))  # the launcher adds --local_rank
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 2)
@@ -12,6 +14,7 @@ config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
           "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": stage},
           "zero_allow_untested_optimizer": True}
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+release_deepspeed_shared_memory()
 rank = engine.global_rank
 generator = torch.Generator().manual_seed(rank)
 x, y = torch.randn(4, 8, generator=generator), torch.randn(4, 2, generator=generator)

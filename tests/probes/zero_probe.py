@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import scaledl
 from report import report
-from scaledl import models, zero_memory
+from scaledl import distributed, models, zero_memory
 from scaledl.ladder.deepspeed import deepspeed_config
 
 stage = int(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))
@@ -18,6 +18,7 @@ model = models.torch_cnn()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(
     config, SimpleNamespace(zero_stage=stage, offload_optimizer=False, offload_params=False), dist.world_size))
+distributed.release_deepspeed_shared_memory()
 x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
 for step in range(2):
     engine.backward(F.cross_entropy(engine(x), y))

@@ -163,6 +163,7 @@ def _deepspeed(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Varia
     flags = SimpleNamespace(zero_stage=stage, offload_optimizer=offload, offload_params=offload)
     config = deepspeed_config(Config(batch_size=micro_batch_size), flags, dist.world_size)
     engine, *_ = deepspeed.initialize(model=model, optimizer=_sgd(model), config=config)
+    distributed.release_deepspeed_shared_memory()
 
     def step() -> None:
         engine.backward(F.cross_entropy(engine(x), y))

@@ -40,6 +40,7 @@ class Trainer:
         self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=self.model, optimizer=self.optimizer, lr_scheduler=self.scheduler,
             config=deepspeed_config(config, args, dist.world_size))
+        distributed.release_deepspeed_shared_memory()  # New Code #: DeepSpeed never removes its /dev/shm buffers
         self.input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data
         self.checkpoint_dir = f"{config.out_dir}/checkpoint"  # New Code #: every rank saves its partition
         # New Code #: checks the loss, since ZeRO keeps the averaged gradients inside the engine.
