@@ -43,9 +43,8 @@ class Trainer:
         distributed.release_deepspeed_shared_memory()  # New Code #: DeepSpeed never removes its /dev/shm buffers
         self.input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data
         self.checkpoint_dir = f"{config.out_dir}/checkpoint"  # New Code #: every rank saves its partition
-        # New Code #: checks the loss, since ZeRO keeps the averaged gradients inside the engine.
-        self.guard = numerics.NonFiniteGuard(config.on_nonfinite, dist.rank, self.checkpoint_dir,
-                                             enabled=config.precision != "fp16", log=self.log)
+        self.guard = numerics.NonFiniteGuard(config.on_nonfinite, dist.rank, self.checkpoint_dir,  # New Code #
+                                             enabled=config.precision != "fp16", log=self.log)  # on the loss: ZeRO keeps the gradients inside
         self.epoch, self.step = 0, 0
         if config.resume:
             _, state = self.model.load_checkpoint(self.checkpoint_dir)  # New Code #
