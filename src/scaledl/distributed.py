@@ -174,11 +174,10 @@ def setup(device: str | None = None, backend: str | None = None, timeout_s: floa
 
 
 def _restart_store(addr: str, port: int, world_size: int, timeout: datetime.timedelta):
-    """The rendezvous store for ranks that torchrun restarted (`--max-restarts`), else None.
+    """Under torchrun, its agent's store with keys of this attempt's own; else None.
 
-    torchrun's agent keeps one store for the whole job, so the restarted ranks would find the
-    addresses their dead predecessors published there and fail to connect; each attempt gets
-    keys of its own.
+    torchrun's agent keeps one store for the whole job, so ranks it restarts (`--max-restarts`)
+    would find the addresses their dead predecessors published there and fail to connect.
     """
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
