@@ -49,15 +49,69 @@ def test_high_speed_name_leaves_other_hosts_alone():
     assert high_speed_name("x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov") == "x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov"
 
 
+# The environments of a job of `sbatch --nodes=2 --ntasks-per-node=2`, as sbatch(1) and srun(1) list
+# them in OUTPUT ENVIRONMENT VARIABLES (no Slurm cluster here to record one).  The batch step (the
+# shell running the script) carries the job's SLURM_NTASKS and a SLURM_PROCID/SLURM_LOCALID of 0,
+# as if it were rank 0; srun's tasks also carry the step's variables (SLURM_STEP_ID,
+# SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, ...).
+SBATCH_BATCH_STEP = {
+    "SLURM_JOB_ID": "987654", "SLURM_JOBID": "987654", "SLURM_JOB_NAME": "train", "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "nid[001002-001003]", "SLURM_NODELIST": "nid[001002-001003]",
+    "SLURM_NTASKS": "4", "SLURM_NPROCS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_TASK_PID": "41230",
+    "SLURM_CPUS_ON_NODE": "64", "SLURM_SUBMIT_DIR": "/home/u/run", "SLURM_SUBMIT_HOST": "login1",
+    "SLURMD_NODENAME": "nid001002", "SLURM_CLUSTER_NAME": "example",
+}
+SRUN_RANK_3 = {
+    **SBATCH_BATCH_STEP,
+    "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "nid[001002-001003]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_LAUNCHER_PORT": "40123", "SLURM_SRUN_COMM_HOST": "10.100.0.2", "SLURM_SRUN_COMM_PORT": "40124",
+    "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURMD_NODENAME": "nid001003",
+    "SLURM_LAUNCH_NODE_IPADDR": "10.100.0.2", "SLURM_DISTRIBUTION": "block", "SLURM_TASK_PID": "51877",
+}
+
+
 def test_slurm_srun_two_nodes():
-    # Recorded from `srun -N 2 --ntasks-per-node 2` (rank 3).
-    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2",
-           "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "987654",
-           "SLURM_JOB_NODELIST": "nid[001002-001003]", "SLURM_STEP_NODELIST": "nid[001002-001003]"}
-    info = detect(env)
+    info = detect(SRUN_RANK_3)
     assert (info.launcher, info.rank, info.local_rank, info.world_size, info.local_world_size) == ("slurm", 3, 1, 4, 2)
     assert info.master_addr == "nid001002"
-    assert job_port(env) == 29500 + 987654 % 10000
+    assert job_port(SRUN_RANK_3) == 29500 + 987654 % 10000
+
+
+def test_slurm_batch_step_is_not_a_rank():
+    # `python -m scaledl.ladder.single_torch` in the sbatch script itself: one process, all the data.
+    info = detect(SBATCH_BATCH_STEP)
+    assert (info.launcher, info.rank, info.world_size) == ("single", 0, 1)
+    # Where a site exports the batch step's own id, it is the batch-script step, still not srun's.
+    info = detect({**SBATCH_BATCH_STEP, "SLURM_STEP_ID": "4294967294", "SLURM_STEP_NUM_TASKS": "1"})
+    assert (info.launcher, info.world_size) == ("single", 1)
+
+
+def test_torchrun_in_the_batch_step_wins_over_the_allocation():
+    # `torchrun --nproc_per_node=2` run from the sbatch script: torchrun's rank 1 of 2.
+    env = {**SBATCH_BATCH_STEP, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "none"}
+    info = detect(env)
+    assert (info.launcher, info.rank, info.world_size, info.master_port) == ("torchrun", 1, 2, 29511)
+
+
+def test_torchrun_inside_srun_wins_over_the_slurm_task():
+    # `srun -N 2 --ntasks-per-node=1 torchrun --nnodes=2 --nproc_per_node=4 ...`: Slurm's task 1 of 2
+    # runs torchrun, whose rank 6 of 8 this is.
+    env = {**SRUN_RANK_3, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+           "RANK": "6", "LOCAL_RANK": "2", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+           "MASTER_ADDR": "nid001002", "MASTER_PORT": "29400"}
+    info = detect(env)
+    assert (info.launcher, info.rank, info.local_rank, info.world_size) == ("torchrun", 6, 2, 8)
+
+
+def test_mpi_launchers_that_disagree_are_still_refused():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+           "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    with pytest.raises(LaunchError, match="contradictory launcher environment"):
+        detect(env)
 
 
 def test_slurm_nodelist_forms():

@@ -48,8 +48,15 @@ _SOURCES = [
     ("pals", "PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
     ("mpich", "PMI_RANK", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), "PMI_SIZE",
      ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
-    ("slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", None),
+    ("slurm", "SLURM_PROCID", "SLURM_LOCALID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), None),
 ]
+
+# Slurm's batch step (the shell running an sbatch script) has SLURM_PROCID=0, SLURM_LOCALID=0 and
+# the job's SLURM_NTASKS too, as if it were rank 0 of the job: it is not a rank.  Only srun sets
+# the step's own variables for the tasks it starts (srun(1), OUTPUT ENVIRONMENT VARIABLES), and
+# 4294967294 is the batch step's id (SLURM_BATCH_SCRIPT) where a site exports SLURM_STEP_ID there.
+SRUN_TASK_MARK = "SLURM_STEP_NUM_TASKS"
+SLURM_BATCH_STEP_ID = "4294967294"
 
 
 def _int(env: Mapping[str, str], name: str) -> int:
@@ -66,9 +73,17 @@ def _first_set(env: Mapping[str, str], names) -> str | None:
     return next((n for n in names if n in env), names[0])
 
 
+def is_srun_task(env: Mapping[str, str]) -> bool:
+    """A task that srun started, as opposed to the batch step of an sbatch script."""
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    return SRUN_TASK_MARK in env and step != SLURM_BATCH_STEP_ID
+
+
 def _from_source(env: Mapping[str, str], source) -> LaunchEnv | None:
     launcher, rank_var, local_var, size_var, local_size_var = (
         source[0], *(_first_set(env, names) for names in source[1:]))
+    if launcher == "slurm" and not is_srun_task(env):
+        return None  # the batch step: SLURM_PROCID and friends describe the job, not a rank
     names = [n for n in (rank_var, local_var, size_var, local_size_var) if n]
     present = [n for n in names if n in env]
     # LOCAL_WORLD_SIZE is optional for torchrun-style launchers (the deepspeed launcher omits it).
@@ -112,10 +127,14 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
     """Rank and world from the launcher's environment; a single process when there is none.
 
     Every launcher that is present must agree on rank and world size: a torchrun started
-    inside an mpirun, say, with different numbers is an error, not a silent guess.
+    inside an mpirun, say, with different numbers is an error, not a silent guess.  Slurm is
+    the exception: `srun ... torchrun ...` gives each torchrun one Slurm task per node, and the
+    ranks are torchrun's, so a launcher inside a Slurm task wins over it.
     """
     env = os.environ if env is None else env
     found = [f for f in (_from_source(env, s) for s in _SOURCES) if f is not None]
+    if len(found) > 1:
+        found = [f for f in found if f.launcher != "slurm"]
     if not found:
         info = LaunchEnv("single", 0, 0, 1, 1, None, None)
     else:
