@@ -1,7 +1,11 @@
 # Every target that needs the environment depends on .venv/.ready, which tools/setup.sh
-# rebuilds only when pyproject.toml or the build scripts change.
+# rebuilds only when pyproject.toml, the pins or the build scripts change.
+# SYSTEM=polaris or aurora: a venv over the site's framework module (tools/setup_site.sh); HOROVOD=1
+# also builds Horovod against the module's torch.
 VENV := .venv
 BIN := $(VENV)/bin
+SYSTEM ?=
+HOROVOD ?= 0
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -10,8 +14,9 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 setup: $(VENV)/.ready
 
-$(VENV)/.ready: pyproject.toml tools/setup.sh tools/build_horovod.sh tools/build_deepspeed.sh tools/pins.py
-	bash tools/setup.sh
+$(VENV)/.ready: pyproject.toml constraints.txt tools/setup.sh tools/setup_site.sh tools/site_report.py \
+		tools/build_horovod.sh tools/build_deepspeed.sh tools/pins.py
+	SCALEDL_SYSTEM="$(SYSTEM)" HOROVOD="$(HOROVOD)" bash tools/setup.sh
 	touch $@
 
 demo: setup

@@ -11,24 +11,45 @@ from scaledl import launchers
 
 
 
-def pyproject_pins() -> set[str]:
+def constraints() -> dict[str, str]:
+    """name -> exact version, from constraints.txt (what `make setup` installs)."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()]
+    return dict(line.lower().split("==") for line in lines if line)
+
+
+def pyproject_requirements() -> list[str]:
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return set(project["dependencies"]).union(*project["optional-dependencies"].values())
+    return project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
 
 
-def test_every_requirement_is_pinned():
-    loose = [r for r in pyproject_pins() if not re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.+]*", r)]
-    assert not loose, f"unpinned requirements in pyproject.toml: {loose}"
+def test_pyproject_has_ranges_and_constraints_pin_each_within_them():
+    from packaging.requirements import Requirement
+
+    exact = constraints()
+    assert all(re.fullmatch(r"[a-z0-9_.\-]+", name) and re.fullmatch(r"[0-9][0-9a-z.+]*", version)
+               for name, version in exact.items()), exact
+    for text in pyproject_requirements():
+        requirement = Requirement(text)
+        name = requirement.name.lower()
+        # An exact pin in the package's metadata would downgrade a user's environment on install.
+        assert not any(spec.operator == "==" for spec in requirement.specifier), \
+            f"pyproject.toml pins {text} exactly: give the range it works with, and the pin to constraints.txt"
+        assert name in exact, f"constraints.txt has no pin for {name}"
+        assert requirement.specifier.contains(exact[name], prereleases=True), \
+            f"constraints.txt pins {name}=={exact[name]}, outside pyproject.toml's {text}"
+    names = {Requirement(text).name.lower() for text in pyproject_requirements()}
+    assert set(exact) <= names, f"constraints.txt pins what pyproject.toml does not need: {set(exact) - names}"
 
 
 def test_environment_yml_names_the_same_packages_and_versions():
     text = (ROOT / "environment.yml").read_text()
     pip_section = text.split("- pip:", 1)[1]
-    conda_pins = set(re.findall(r"^\s+- ([A-Za-z0-9_.\-]+==[^\s]+)\s*$", pip_section, re.M))
+    found = re.findall(r"^\s+- ([A-Za-z0-9_.\-]+==[^\s]+)\s*$", pip_section, re.M)
+    conda_pins = dict(pin.lower().split("==") for pin in found)
     # Horovod is built by tools/build_horovod.sh (the comment at the top of environment.yml says how).
-    expected = {p for p in pyproject_pins() if not p.startswith("horovod==")}
+    expected = {name: version for name, version in constraints().items() if name != "horovod"}
     assert conda_pins == expected
     assert "conda-forge" in text and "defaults" not in text
 
@@ -36,8 +57,7 @@ def test_environment_yml_names_the_same_packages_and_versions():
 def test_installed_versions_match_the_pins():
     from importlib.metadata import version
 
-    for requirement in pyproject_pins():
-        name, pinned = requirement.split("==")
+    for name, pinned in constraints().items():
         installed = version(name)
         # torch's CPU wheel carries a local label: 2.13.0+cpu satisfies ==2.13.0.
         assert installed.split("+")[0] == pinned, f"{name} {installed} installed, {pinned} pinned"

@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Build a DeepSpeed wheel with its CPU ops (shared-memory allreduce, CPU Adam) compiled in,
-# so nothing is JIT-compiled at the first run (that takes minutes, in every rank at once).
+# Build a DeepSpeed wheel with its ops compiled in, so nothing is JIT-compiled at the first run
+# (that takes minutes, in every rank at once): the CPU ops (shared-memory allreduce, CPU Adam)
+# here, CPU Adam and fused Adam for the GPUs when a GPU and a CUDA torch are here.
 set -euo pipefail
 out=$1
 venv=${VENV:-.venv}
-version=$("$venv/bin/python" tools/pins.py deepspeed | sed -n 's/^deepspeed==//p')
+python="$venv/bin/python"
+version=$("$python" "$(dirname "$0")/pins.py" --pin deepspeed | sed 's/^deepspeed==//')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_ACCELERATOR=cpu
+torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")')
+if [ -n "$torch_cuda" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
+        export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    fi
+    export DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_ACCELERATOR=cuda
+else
+    export DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_ACCELERATOR=cpu
+fi
 export MAX_JOBS=$(nproc)
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pip wheel --disable-pip-version-check \
+echo "building deepspeed $version for accelerator $DS_ACCELERATOR (torch CUDA ${torch_cuda:-none})"
+# --no-cache-dir: never take a wheel pip built earlier against another torch.
+PATH="$PWD/$venv/bin:$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
     --no-build-isolation --no-deps -w "$work/dist" "deepspeed==$version"
 mv "$work"/dist/deepspeed-*.whl "$out/"

@@ -1,31 +1,88 @@
 #!/usr/bin/env bash
-# Build a Horovod 0.28.1 wheel with PyTorch, TensorFlow, Gloo and MPI into $1.
+# Build a Horovod 0.28.1 wheel into $1 against the torch and TensorFlow of $VENV (default .venv),
+# with Gloo and MPI; with CUDA code when torch is a CUDA build, and NCCL operations when a GPU is
+# here (or HOROVOD_GPU_OPERATIONS=NCCL asks for them).
 #
 # Its last release pins C++14 in its CMakeLists, but PyTorch's and TensorFlow's headers need
-# C++17 (horovod issues #3996, #3941, fixed on master, never released), and CXXFLAGS cannot
-# override it because CMake appends its own -std flag last.  A CMake toolchain file that
-# remaps CMake's C++14 compile option to C++17 fixes that without patching Horovod.
+# C++17, and torch 2.14's C++20 (horovod issues #3996, #3941, fixed on master, never released);
+# CXXFLAGS cannot override it because CMake appends its own -std flag last.  A CMake toolchain
+# file that remaps CMake's C++14 compile option fixes that without patching Horovod.
 set -euo pipefail
 out=$1
 venv=${VENV:-.venv}
-version=$("$venv/bin/python" tools/pins.py horovod | sed -n 's/^horovod==//p')
+python="$venv/bin/python"
+version=$("$python" "$(dirname "$0")/pins.py" --pin horovod | sed 's/^horovod==//')
+fail() { echo "error: $*" >&2; exit 2; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cat > "$work/cxx17-rules.cmake" <<'CMAKE'
-set(CMAKE_CXX14_STANDARD_COMPILE_OPTION "-std=c++17")
-set(CMAKE_CXX14_EXTENSION_COMPILE_OPTION "-std=gnu++17")
+
+# What this venv has decides what gets built: a framework that is absent is switched off, not failed.
+torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null) && has_torch=1 || has_torch=0
+"$python" -c 'import tensorflow' 2>/dev/null && has_tf=1 || has_tf=0
+[ $has_torch = 1 ] || [ $has_tf = 1 ] || fail "$venv has neither torch nor tensorflow: install one before Horovod"
+if [ $has_torch = 1 ]; then export HOROVOD_WITH_PYTORCH=1; else export HOROVOD_WITHOUT_PYTORCH=1; fi
+if [ $has_tf = 1 ]; then export HOROVOD_WITH_TENSORFLOW=1; else export HOROVOD_WITHOUT_TENSORFLOW=1; fi
+
+std=17
+torch_include=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))' \
+                2>/dev/null || true)
+# torch >= 2.14's headers use C++20 (std::strong_ordering); older ones build with C++17.
+if [ -n "$torch_include" ] && grep -qs strong_ordering "$torch_include/c10/util/intrusive_ptr.h"; then std=20; fi
+cat > "$work/cxx-rules.cmake" <<CMAKE
+set(CMAKE_CXX14_STANDARD_COMPILE_OPTION "-std=c++$std")
+set(CMAKE_CXX14_EXTENSION_COMPILE_OPTION "-std=gnu++$std")
 CMAKE
 cat > "$work/toolchain.cmake" <<CMAKE
-set(CMAKE_USER_MAKE_RULES_OVERRIDE_CXX "$work/cxx17-rules.cmake")
+set(CMAKE_USER_MAKE_RULES_OVERRIDE_CXX "$work/cxx-rules.cmake")
 CMAKE
-
 export CMAKE_TOOLCHAIN_FILE="$work/toolchain.cmake"
-export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
-export HOROVOD_WITHOUT_MXNET=1
+export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS="-j$(nproc)"
-# A CPU torch build: keep Horovod from switching its CUDA code on because nvcc is installed.
-unset HOROVOD_GPU_OPERATIONS HOROVOD_CUDA_HOME CUDA_HOME
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" -m pip wheel --disable-pip-version-check \
+
+if [ -n "${torch_cuda:-}" ]; then
+    # A CUDA torch makes Horovod compile its CUDA code (no variable switches that off), so it
+    # needs a CUDA toolkit's headers and cudart: the caller's CUDA_HOME, else the nvcc on PATH.
+    toolkit=${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}
+    if [ -z "$toolkit" ] && command -v nvcc >/dev/null; then
+        toolkit=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    fi
+    [ -n "$toolkit" ] && [ -e "$toolkit/include/cuda_runtime.h" ] ||
+        fail "torch ${torch_cuda:+(CUDA $torch_cuda) }is a CUDA build, and Horovod then compiles CUDA code: install" \
+             "a CUDA $torch_cuda toolkit (nvcc) or set CUDA_HOME to one"
+    export CUDA_HOME=$toolkit HOROVOD_CUDA_HOME=$toolkit
+    if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        export HOROVOD_GPU_OPERATIONS=NCCL
+    fi
+    if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ]; then
+        # PyPI's CUDA torch brings NCCL as the nvidia-nccl wheel (libnccl.so.2, no libnccl.so link):
+        # give Horovod's CMake the layout it searches, a folder with include/ and lib/.
+        nccl_h=$("$python" - <<'PY'
+import glob, os, site
+for root in site.getsitepackages():
+    for found in sorted(glob.glob(os.path.join(root, "nvidia", "**", "include", "nccl.h"), recursive=True)):
+        print(found)
+        raise SystemExit
+PY
+)
+        [ -n "$nccl_h" ] || fail "HOROVOD_GPU_OPERATIONS=NCCL but no NCCL here: set HOROVOD_NCCL_HOME to one"
+        nccl=$(dirname "$(dirname "$nccl_h")")
+        mkdir -p "$work/nccl/lib"
+        ln -s "$nccl/include" "$work/nccl/include"
+        for library in "$nccl"/lib/libnccl.so*; do ln -s "$library" "$work/nccl/lib/"; done
+        [ -e "$work/nccl/lib/libnccl.so" ] ||
+            ln -s "$(ls "$nccl"/lib/libnccl.so.* | head -1)" "$work/nccl/lib/libnccl.so"
+        export HOROVOD_NCCL_HOME="$work/nccl" HOROVOD_NCCL_LINK=SHARED
+    fi
+else
+    # A CPU torch build: keep Horovod from switching its CUDA code on because nvcc is installed.
+    unset HOROVOD_GPU_OPERATIONS HOROVOD_CUDA_HOME CUDA_HOME
+fi
+on_off=(off on)
+echo "building horovod $version: torch ${on_off[has_torch]} (CUDA ${torch_cuda:-none}, C++$std)," \
+     "tensorflow ${on_off[has_tf]}, GPU operations ${HOROVOD_GPU_OPERATIONS:-none}"
+# --no-cache-dir: pip would otherwise hand back a wheel it once built from the same sdist
+# against another torch, without building anything.
+PATH="$PWD/$venv/bin:$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
     --no-build-isolation --no-deps --no-binary horovod -w "$work/dist" "horovod==$version"
 mv "$work"/dist/horovod-*.whl "$out/"

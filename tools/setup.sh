@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Create .venv with every pinned framework, Open MPI and Horovod; safe to run again.
 # Called by `make setup`; the Makefile skips it when nothing it depends on has changed.
+# On Polaris or Aurora (`make setup SYSTEM=polaris|aurora` sets SCALEDL_SYSTEM) it hands over to
+# tools/setup_site.sh, which puts a venv on top of the site's framework module instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=.venv
+system=${SCALEDL_SYSTEM:-}
+# A venv made over a site module remembers it, so a later plain `make setup` there does not
+# install a second torch into it.
+[ -n "$system" ] || system=$(cat "$venv/scaledl-site" 2>/dev/null || echo local)
+if [ "$system" != local ]; then
+    exec bash tools/setup_site.sh "$system" --venv "$venv"
+fi
+
 python=${PYTHON:-python3}
 cache=${SCALEDL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scaledl/wheels}
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -19,8 +29,10 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null; then
 fi
 
 [ -x "$venv/bin/python" ] || { log "creating $venv"; "$python" -m venv "$venv"; }
+# Every install is held to the exact versions of constraints.txt; pyproject.toml only has ranges.
 # (Some machines configure index paths that do not exist; pip warns once per package about them.)
-pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" -c constraints.txt \
+            2> >(grep -v 'is ignored: it is neither' >&2); }
 pins() { "$venv/bin/python" tools/pins.py "$@"; }
 
 log "installing torch and TensorFlow (needed before Horovod and DeepSpeed are built)"
@@ -28,14 +40,21 @@ mapfile -t before_builds < <(pins core torch tensorflow mpi; pins horovod | grep
                               pins deepspeed | grep -v '^deepspeed==')
 pip install "${before_builds[@]}" wheel
 
-# Both compiled packages are built once per set of inputs into a cache outside the clone,
-# so a fresh clone (as CI uses) only installs the cached wheels.
-key=$( { cat tools/build_horovod.sh tools/build_deepspeed.sh; pins torch tensorflow horovod deepspeed; \
-         mpirun --version | head -1; } | sha256sum | cut -c1-12)
+# Both compiled packages are built once per set of inputs into a cache outside the clone, so a
+# fresh clone (as CI uses) only installs the cached wheels.  The inputs include the exact torch
+# build (2.13.0+cpu and 2.13.0+cu130 are different ABIs) and whether a GPU asks for NCCL.
+built_against=$("$venv/bin/python" -c 'import sys, torch, tensorflow as tf
+print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}),",
+      f"tensorflow {tf.__version__}")' 2>/dev/null)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+key=$( { cat tools/build_horovod.sh tools/build_deepspeed.sh; pins torch tensorflow horovod deepspeed
+         echo "$built_against, gpus: $((gpus > 0)), ${HOROVOD_GPU_OPERATIONS:-}"; mpirun --version | head -1; } |
+       sha256sum | cut -c1-12)
 wheels="$cache/$key"
 mkdir -p "$wheels"
+echo "$built_against, GPUs: $gpus, $(mpirun --version | head -1)" > "$wheels/built-against.txt"
 if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
-    log "building Horovod into $wheels (about 17 min on 2 cores, once)"
+    log "building Horovod against $built_against into $wheels (about 17 min on 2 cores, once)"
     VENV="$venv" bash tools/build_horovod.sh "$wheels"
 fi
 if ! ls "$wheels"/deepspeed-*.whl >/dev/null 2>&1; then

@@ -11,6 +11,8 @@ import re
 import shutil
 import socket
 import subprocess
+import site
+import sys
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
@@ -131,6 +133,71 @@ def check_mpi(env: Mapping[str, str]) -> list[Finding]:
     return found
 
 
+# What a site module provides and a venv on top of it must not install again: a pip copy lacks the
+# site's CUDA/XPU, NCCL/oneCCL and MPI builds, and shadows the module's without a word.
+SITE_FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "deepspeed", "horovod", "mpi4py", "numpy",
+                   "intel-extension-for-pytorch", "oneccl-bind-pt")
+PACKAGING_TOOLS = {"pip", "setuptools", "wheel", "scaledl"}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_in(folders: list[str]) -> dict[str, tuple[str, str]]:
+    """name -> (version, folder) of the distributions installed in these folders (first wins)."""
+    found = {}
+    for folder in folders:
+        for distribution in metadata.distributions(path=[folder]):
+            name = distribution.metadata["Name"]
+            if name:
+                found.setdefault(_canonical(name), (distribution.version, folder))
+    return found
+
+
+def venv_layers(prefix: str | None = None, base_prefix: str | None = None) -> tuple[list[str], list[str], bool]:
+    """(the venv's site-packages, the site's site-packages, whether the venv sees the site's)."""
+    prefix, base_prefix = prefix or sys.prefix, base_prefix or sys.base_prefix
+    config = Path(prefix, "pyvenv.cfg")
+    system_site = False
+    if config.exists():
+        for line in config.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "include-system-site-packages":
+                system_site = value.strip().lower() == "true"
+    existing = lambda folders: [f for f in dict.fromkeys(folders) if Path(f).is_dir()]  # noqa: E731
+    return existing(site.getsitepackages([prefix])), existing(site.getsitepackages([base_prefix])), system_site
+
+
+def check_site(prefix: str | None = None, base_prefix: str | None = None) -> list[Finding]:
+    """Which environment this is, where each framework comes from, and what a venv shadows."""
+    prefix, base_prefix = prefix or sys.prefix, base_prefix or sys.base_prefix
+    if Path(prefix).resolve() == Path(base_prefix).resolve():
+        return [ok(f"python environment: {prefix} (no venv)")]
+    own, base, system_site = venv_layers(prefix, base_prefix)
+    if not system_site:
+        return [ok(f"python environment: venv {prefix} (its own packages only)")]
+    marker = Path(prefix, "scaledl-site")
+    made_by = f", made by setup for {marker.read_text().strip()}" if marker.exists() else ""
+    found = [ok(f"python environment: venv {prefix} over the site environment {base_prefix} "
+                f"(--system-site-packages{made_by})")]
+    mine, theirs = installed_in(own), installed_in(base)
+    for name in SITE_FRAMEWORKS:
+        if name in mine and name not in theirs:
+            found.append(ok(f"{name} {mine[name][0]} from this venv"))
+        elif name in theirs and name not in mine:
+            found.append(ok(f"{name} {theirs[name][0]} from the site environment"))
+    shadowed = sorted(set(mine) & set(theirs) - PACKAGING_TOOLS)
+    for name in shadowed:
+        text = (f"{name} {mine[name][0]} in this venv shadows the site's {name} {theirs[name][0]}")
+        if name in SITE_FRAMEWORKS:
+            found.append(problem(text + ": the venv's copy runs, without the site's GPU, network and MPI builds",
+                                 f"{prefix}/bin/python -m pip uninstall {name}  (the site's then shows through)"))
+        else:
+            found.append(info(text))
+    return found
+
+
 def check_devices(system: str) -> tuple[list[Finding], int]:
     if not version("torch"):
         return [], 0
@@ -232,7 +299,7 @@ def diagnose(env: Mapping[str, str] | None = None, system: str | None = None) ->
             findings.append(problem(str(error), "scaledl doctor --system polaris (or aurora)"))
     else:
         findings.append(ok(f"system: {system} (--system)"))
-    findings += check_frameworks()
+    findings += check_site() + check_frameworks()
     device_findings, gpus = check_devices(system)
     findings += device_findings + check_horovod(gpus) + check_mpi(env) + check_launcher(system, env)
     findings += check_data(env) + check_comm_env(system, env)
