@@ -7,8 +7,9 @@ In `solutions/`, each answer sits between marker lines, as nbgrader and otter do
     # END SOLUTION
 
 In the generated `exercises/` copy the block becomes a TODO with the hint and
-`raise NotImplementedError`, and all outputs are cleared.  Exercises are never edited by
-hand: a test regenerates them and compares with what is committed.
+`raise NotImplementedError`, and all outputs are cleared.  Markdown cells tagged `answers`
+(the answers to a lesson's closing questions) stay in the solution only.  Exercises are never
+edited by hand: a test regenerates them and compares with what is committed.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION(?:\s+hint:\s*(?P<hint>.*))?$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
+ANSWERS_TAG = "answers"
 
 
 class MarkerError(ValueError):
@@ -48,6 +50,8 @@ def strip_solutions(source: str, where: str = "cell") -> str:
 
 def exercise_notebook(notebook: dict, where: str) -> dict:
     notebook = json.loads(json.dumps(notebook))  # a deep copy
+    notebook["cells"] = [cell for cell in notebook["cells"]
+                         if ANSWERS_TAG not in cell.get("metadata", {}).get("tags", [])]
     for index, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "code":
