@@ -3,13 +3,13 @@
 # the module's Python, holding scaledl and only what the module lacks.  Never a second torch,
 # TensorFlow or DeepSpeed: a pip copy would lack the site's CUDA/XPU, NCCL/oneCCL and MPI builds.
 #
-#   tools/setup_site.sh polaris|aurora|site [--venv DIR] [--python PYTHON] [--extras LIST]
+#   tools/setup_site.sh polaris|aurora|slurm|site [--venv DIR] [--python PYTHON] [--extras LIST]
 #                       [--horovod] [--dry-run]
 #
 #   polaris   module use /soft/modulefiles; module load conda; conda activate base
 #   aurora    module load frameworks
-#   site      no module: the Python given by --python (default python3 on PATH), e.g. another
-#             cluster's module you have loaded yourself
+#   site, slurm  no module loaded here: the Python given by --python (default python3 on PATH), e.g.
+#             the module of another cluster that you have loaded yourself
 #   --horovod build Horovod against the module's torch (Polaris: with NCCL, from the CUDA toolkit and
 #             NCCL the module provides; Aurora's frameworks module has no Horovod for PyTorch)
 #   --dry-run print the commands, run nothing
@@ -18,17 +18,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail() { echo "error: $*" >&2; exit 2; }
-usage="usage: tools/setup_site.sh polaris|aurora|site [--venv DIR] [--python PYTHON] [--extras LIST]"
+usage="usage: tools/setup_site.sh polaris|aurora|slurm|site [--venv DIR] [--python PYTHON] [--extras LIST]"
 usage+=" [--horovod] [--dry-run]"
 [ $# -ge 1 ] || fail "$usage"
 system=$1
 shift
 venv=.venv python=python3 extras=mpi,notebooks horovod=${HOROVOD:-0} dry_run=0
+# value OPTION VALUE: VALUE, unless it is missing or is the next option.
+value() { [ -n "${2:-}" ] && [[ $2 != --* ]] || fail "$1 needs a value; $usage"; echo "$2"; }
 while [ $# -gt 0 ]; do
     case $1 in
-        --venv) venv=${2:?--venv needs a folder}; shift ;;
-        --python) python=${2:?--python needs a path}; shift ;;
-        --extras) extras=${2?--extras needs a list}; shift ;;
+        --venv) venv=$(value "$@"); shift ;;
+        --python) python=$(value "$@"); shift ;;
+        --extras) extras=${2?--extras needs a list (may be empty)}; shift ;;
         --horovod) horovod=1 ;;
         --dry-run) dry_run=1 ;;
         *) fail "unknown argument $1; $usage" ;;
@@ -38,8 +40,8 @@ done
 case $system in
     polaris) modules=("module use /soft/modulefiles" "module load conda" "conda activate base") ;;
     aurora) modules=("module load frameworks") ;;
-    site) modules=() ;;
-    *) fail "unknown system '$system': use polaris, aurora or site; $usage" ;;
+    site | slurm) modules=() ;;
+    *) fail "unknown system '$system': use polaris, aurora, slurm or site; $usage" ;;
 esac
 if [ "$horovod" = 1 ] && [ "$system" = aurora ]; then
     fail "Aurora's frameworks module has no Horovod for PyTorch and Horovod does not build for XPU;" \

@@ -26,8 +26,14 @@ if command -v module >/dev/null 2>&1; then
     conda activate base
 fi
 
-# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory.
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
+# `make setup SYSTEM=polaris` makes over the module loaded above (nothing of the module reinstalled).
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
+    echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=polaris' in your clone" \
+         "and submit from there, or export SCALEDL_VENV=<that clone>/.venv" >&2
+    exit 2
+fi
 # shellcheck source=/dev/null
 source "$SCALEDL_VENV/bin/activate"
 

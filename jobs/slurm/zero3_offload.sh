@@ -20,8 +20,14 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 
 # Load your site's CUDA and MPI modules here (module load ...).
 
-# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory.
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
+# `make setup SYSTEM=slurm` makes over the module loaded above (nothing of the module reinstalled).
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
+    echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=slurm' in your clone" \
+         "and submit from there, or export SCALEDL_VENV=<that clone>/.venv" >&2
+    exit 2
+fi
 # shellcheck source=/dev/null
 source "$SCALEDL_VENV/bin/activate"
 
