@@ -27,8 +27,9 @@ test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --nbval-lax --nbval-current-env \
 		tests solutions $(wildcard notebooks/*.ipynb)
 
+# Prints the address to open and the lessons' table, then serves until Ctrl-C (PORT=8899 make lab).
 lab: setup
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$${PORT:-8888} .
+	bash tools/lab.sh
 
 exercises: setup
 	$(BIN)/scaledl exercises --solutions solutions --out exercises
