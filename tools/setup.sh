@@ -27,6 +27,7 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null; then
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
+bash tools/install_chromium.sh  # Debian's Chromium for the browser test (tests/test_browser.py)
 
 [ -x "$venv/bin/python" ] || { log "creating $venv"; "$python" -m venv "$venv"; }
 # Every install is held to the exact versions of constraints.txt; pyproject.toml only has ranges.
