@@ -1,6 +1,7 @@
 """`scaledl doctor`: runs here without a GPU, and names each problem with its fix."""
 import os
 import subprocess
+import sys
 from importlib import metadata
 
 import pytest
@@ -75,5 +76,41 @@ def test_polaris_without_the_nccl_plugin_is_a_problem(tmp_path):
     cross_nic = next(f for f in findings if f.text.startswith("NCCL_CROSS_NIC"))
     assert cross_nic.level == "info" and "recommended '1'" in cross_nic.text
     (tmp_path / "libnccl-net.so").write_bytes(b"")
-    assert not [f for f in doctor.check_comm_env("polaris", {"LD_LIBRARY_PATH": str(tmp_path)})
-                if f.level == "problem"]
+    findings = doctor.check_comm_env("polaris", {"LD_LIBRARY_PATH": str(tmp_path)})
+    assert not [f for f in findings if f.level == "problem"]
+    plugin = ok_text(findings, "NCCL's network plugin")
+    assert plugin == f"NCCL's network plugin (aws-ofi-nccl): {tmp_path}/libnccl-net.so"
+
+
+def ok_text(findings, start):
+    [text] = [f.text for f in findings if f.level == "ok" and f.text.startswith(start)]
+    return text
+
+
+def test_a_venv_over_a_site_says_where_each_framework_comes_from_and_what_it_shadows(tmp_path):
+    # The environment these tests run in stands in for the site module; a venv goes on top of it.
+    site = sys.prefix
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True)
+    findings = doctor.check_site(str(venv), site)
+    assert findings[0].text == f"python environment: venv {venv} over the site environment {site} " \
+                               "(--system-site-packages)"
+    assert ok_text(findings, "torch ") == f"torch {metadata.version('torch')} from the site environment"
+    assert ok_text(findings, "numpy ") == f"numpy {metadata.version('numpy')} from the site environment"
+    assert not [f for f in findings if f.level == "problem"]
+
+    # A user's `pip install` put a second numpy into the venv, in front of the site's.
+    other = "2.2.6" if metadata.version("numpy") != "2.2.6" else "2.4.6"
+    own_site_packages = doctor.venv_layers(str(venv), site)[0][0]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--target", own_site_packages, f"numpy=={other}"], check=True)
+    findings = doctor.check_site(str(venv), site)
+    [shadow] = [f for f in findings if f.level == "problem"]
+    assert shadow.text.startswith(f"numpy {other} in this venv shadows the site's numpy {metadata.version('numpy')}")
+    assert shadow.fix.startswith(f"{venv}/bin/python -m pip uninstall numpy")
+
+
+def test_a_plain_environment_is_reported_as_such():
+    findings = doctor.check_site()
+    assert len(findings) == 1 and findings[0].level == "ok"
+    assert findings[0].text.startswith("python environment: ")

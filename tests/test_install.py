@@ -58,7 +58,7 @@ def freeze(python: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("packages", [
-    ["numpy==2.4.6", "matplotlib==3.10.9", "tqdm==4.67.1"],  # numpy 2 and another matplotlib than the pins
+    ["numpy==2.4.6", "matplotlib==3.10.9", "tqdm==4.70.1"],  # numpy 2 and another matplotlib than the pins
     ["numpy==1.23.5", "matplotlib==3.7.5", "tqdm==4.62.3"],  # the oldest pyproject.toml allows
 ], ids=["numpy2", "oldest"])
 def test_pip_install_into_an_existing_environment_changes_nothing(tmp_path, packages):
@@ -133,12 +133,33 @@ def test_make_setup_passes_the_system_on():
     assert 'SCALEDL_SYSTEM="polaris" HOROVOD="1" bash tools/setup.sh' in result.stdout
 
 
+def base_python(prefix: Path) -> Path:
+    """A Python installation of its own at `prefix`, as a site module's conda environment is (a venv
+    made from a venv would see the first one's base, not it): this interpreter's binary and standard
+    library (linked, not copied) with an empty site-packages and pip."""
+    base, version = Path(sys.base_prefix), f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (prefix / "bin").mkdir(parents=True)
+    shutil.copy2(base / "bin" / version, prefix / "bin" / "python3")
+    stdlib = prefix / "lib" / version
+    stdlib.mkdir(parents=True)
+    for entry in (base / "lib" / version).iterdir():
+        if entry.name != "site-packages":
+            (stdlib / entry.name).symlink_to(entry)
+    (stdlib / "site-packages").mkdir()
+    python = prefix / "bin" / "python3"
+    sh([python, "-m", "ensurepip"])
+    assert sh([python, "-c", "import sys; print(sys.prefix)"]).stdout.strip() == str(prefix)
+    return python
+
+
 @pytest.fixture(scope="module")
 def stand_in_site(tmp_path_factory):
-    """A 'site module' made here: its own python environment with torch, a numpy 2 and mpi4py, then
+    """A 'site module' made here: a Python installation with its own torch, a numpy 2 and mpi4py, then
     tools/setup_site.sh run over it for real.  Returns (site python, venv, site packages before)."""
     root = tmp_path_factory.mktemp("site")
-    site_python = new_venv(root / "module", "torch==2.13.0", "numpy==2.4.6", "mpi4py==4.1.2")
+    site_python = base_python(root / "module")
+    sh([site_python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        "torch==2.13.0", "numpy==2.4.6", "mpi4py==4.1.2"])
     before = freeze(site_python)
     venv = root / "venv"
     started = time.perf_counter()
@@ -225,12 +246,17 @@ def test_make_setup_with_pypi_cuda_torch(tmp_path):
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_CACHE_DIR=str(tmp_path / "pip-cache"),
                SCALEDL_WHEEL_CACHE=str(tmp_path / "wheels"), PATH=os.environ["PATH"])
     started = time.perf_counter()
-    sh(["make", "setup"], cwd=clone, env=env, timeout=3 * 3600)
+    log = tmp_path / "setup.log"
+    with open(log, "w") as out:
+        result = subprocess.run(["make", "setup"], cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=3 * 3600)
     minutes = (time.perf_counter() - started) / 60
+    assert result.returncode == 0, log.read_text()[-5000:]
     python = clone / ".venv" / "bin" / "python"
     torch_build = sh([python, "-c", "import torch; print(torch.__version__, torch.version.cuda)"]).stdout.split()
     check = sh([clone / ".venv" / "bin" / "horovodrun", "--check-build"]).stdout
-    print(f"\nmake setup with PyPI's torch {torch_build}: {minutes:.1f} min\n{check}")
+    disk = sh(["du", "-sh", clone / ".venv", tmp_path / "wheels", tmp_path / "pip-cache"]).stdout
+    print(f"\nmake setup with PyPI's torch {torch_build}: {minutes:.1f} min\n{disk}\n{check}")
     assert torch_build[1] != "None" and "+cpu" not in torch_build[0]
     for feature in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
         assert f"[X] {feature}" in check

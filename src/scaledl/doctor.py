@@ -92,7 +92,8 @@ def check_horovod(gpus: int) -> list[Finding]:
         found.append(problem("horovod has neither MPI nor Gloo: horovodrun cannot start it",
                              "rebuild with HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1"))
     if gpus and not flags["nccl"]:
-        found.append(problem("this machine has GPUs but Horovod was built without NCCL: allreduce goes through host memory",
+        found.append(problem("this machine has GPUs but Horovod was built without NCCL: allreduce goes through "
+                             "host memory",
                              "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL"))
     return found
 
@@ -279,7 +280,10 @@ def check_comm_env(system: str, env: Mapping[str, str]) -> list[Finding]:
             found.append(info(f"{preset.name}={current}, recommended {preset.value!r} ({preset.why}; {preset.docs})"))
     if system == "polaris" and env.get("NCCL_NET", "AWS Libfabric") == "AWS Libfabric":
         folders = [f for f in env.get("LD_LIBRARY_PATH", "").split(":") if f]
-        if not any(Path(f, "libnccl-net.so").exists() for f in folders):
+        plugins = [Path(f, "libnccl-net.so") for f in folders if Path(f, "libnccl-net.so").exists()]
+        if plugins:
+            found.append(ok(f"NCCL's network plugin (aws-ofi-nccl): {plugins[0]}"))
+        else:
             found.append(problem("NCCL_NET='AWS Libfabric' needs the aws-ofi-nccl plugin (libnccl-net.so), "
                                  "which is on no LD_LIBRARY_PATH folder: NCCL will fail to start between nodes",
                                  "module load conda (it adds the plugin), or prepend the plugin's lib folder "
