@@ -93,6 +93,7 @@ def test_polaris_dry_run_puts_a_venv_over_the_conda_module_and_builds_horovod_wi
         "module load conda",
         "conda activate base",
         "python3 -m venv --system-site-packages .venv",
+        "echo polaris > .venv/scaledl-site",
         "python3 tools/pins.py --site > .venv/site-constraints.txt",
         ".venv/bin/python -m pip install --disable-pip-version-check -q -c .venv/site-constraints.txt "
         "--no-binary mpi4py -e '.[mpi,notebooks]'",
@@ -102,7 +103,6 @@ def test_polaris_dry_run_puts_a_venv_over_the_conda_module_and_builds_horovod_wi
         ".venv/bin/python -m pip install --disable-pip-version-check -q -c .venv/site-constraints.txt "
         "-e '.[horovod]'",
         ".venv/bin/python tools/site_report.py .venv",
-        "echo polaris > .venv/scaledl-site",
     ]
 
 
@@ -113,7 +113,8 @@ def test_aurora_dry_run_loads_frameworks_and_installs_no_framework():
     lines = result.stdout.splitlines()
     assert lines[:2] == ["module load frameworks", "python3 -m venv --system-site-packages .venv"]
     assert not any(word in result.stdout for word in ("torch", "tensorflow", "deepspeed", "build_horovod"))
-    assert lines[-1] == "echo aurora > .venv/scaledl-site"
+    assert lines[2] == "echo aurora > .venv/scaledl-site"
+    assert lines[-1] == ".venv/bin/python tools/site_report.py .venv"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -85,6 +85,8 @@ done
 # 2. The venv, seeing every package of the module.
 log "creating $venv over $(command -v "$python" || echo "$python") (--system-site-packages)"
 step "$python" -m venv --system-site-packages "$venv"
+# The venv remembers its site at once, so that a plain `make setup` later never installs the local stack in it.
+step_to "$venv/scaledl-site" echo "$system"
 # 3. What the module has, exactly: installing into the venv may add packages, never change these.
 step_to "$venv/site-constraints.txt" "$python" tools/pins.py --site
 # 4. scaledl and what the module lacks.  The frameworks' extras are never asked for; mpi4py, if
@@ -109,4 +111,3 @@ if [ "$horovod" = 1 ]; then
 fi
 # 6. Check that the venv holds no second copy of anything the module has.
 step "$venv/bin/python" tools/site_report.py "$venv"
-step_to "$venv/scaledl-site" echo "$system"
