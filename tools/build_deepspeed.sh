@@ -12,7 +12,9 @@ trap 'rm -rf "$work"' EXIT
 torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")')
 if [ -n "$torch_cuda" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
-        export CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+        # nvcc says where its toolkit is (`nvcc` on PATH may be a wrapper script or a symlink).
+        toolkit=$(nvcc --dryrun -v -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+        export CUDA_HOME=$(readlink -f "$toolkit")
     fi
     export DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_FUSED_ADAM=1 DS_ACCELERATOR=cuda
 else

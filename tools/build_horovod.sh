@@ -45,7 +45,9 @@ if [ -n "${torch_cuda:-}" ]; then
     # needs a CUDA toolkit's headers and cudart: the caller's CUDA_HOME, else the nvcc on PATH.
     toolkit=${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}
     if [ -z "$toolkit" ] && command -v nvcc >/dev/null; then
-        toolkit=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+        # nvcc says where its toolkit is (`nvcc` on PATH may be a wrapper script or a symlink).
+        toolkit=$(nvcc --dryrun -v -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+        toolkit=$(readlink -f "$toolkit")
     fi
     [ -n "$toolkit" ] && [ -e "$toolkit/include/cuda_runtime.h" ] ||
         fail "torch ${torch_cuda:+(CUDA $torch_cuda) }is a CUDA build, and Horovod then compiles CUDA code: install" \
