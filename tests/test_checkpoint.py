@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from conftest import PROBES, ROOT, run
+from mounts import tmpfs
 from scaledl import checkpoint, launchers
-from scaledl.checkpoint import CheckpointError
+from scaledl.checkpoint import CheckpointError, DiskFullError
 
 RUNG = [sys.executable, "-m", "scaledl.ladder.single_torch", "--epochs", "2", "--train-limit", "1280",
         "--batch-size", "32", "--log-interval", "5"]
@@ -98,3 +99,35 @@ def test_a_kill_during_a_write_leaves_the_previous_checkpoint_whole(tmp_path):
     assert caught_mid_write >= 3
     checkpoint.save(path, model={"w": torch.zeros(1)})
     assert not any(tmp_path.glob(".checkpoint.pt.*.tmp"))  # the next save clears what a killed writer left
+
+
+def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_file(tmp_path):
+    with tmpfs(tmp_path / "small", "256k") as folder:
+        path = folder / "checkpoint.pt"
+        checkpoint.save(path, model={"w": torch.ones(1000)}, step=1)
+        with pytest.raises(DiskFullError) as caught:
+            checkpoint.save(path, model={"w": torch.ones(100_000)}, step=2)  # about 400 KiB
+        message = str(caught.value)
+        assert f"no space left to write checkpoint {path}" in message and "KiB free" in message, message
+        assert isinstance(caught.value, CheckpointError)  # a user error: one line, exit status 2
+        assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt"]  # no partial file keeps the disk full
+        assert checkpoint.load(path, restore_rng=False)["step"] == 1  # the previous checkpoint is whole
+        checkpoint.save(path, model={"w": torch.ones(1000)}, step=3)  # and the space is there to write again
+
+
+def test_a_full_disk_ends_the_writing_command_with_one_line(tmp_path):
+    # The writer probe saves ~40 MB checkpoints in a loop: the first one cannot fit.
+    with tmpfs(tmp_path / "small", "8m") as folder:
+        code = ("import sys, torch\n"
+                "from scaledl import checkpoint\n"
+                "from scaledl.errors import exits_cleanly\n"
+                "@exits_cleanly\n"
+                "def main(argv=None):\n"
+                "    checkpoint.save(sys.argv[1], model={'w': torch.ones(10_000_000)})\n"
+                "sys.exit(main())\n")
+        result = subprocess.run([sys.executable, "-c", code, str(folder / "checkpoint.pt")], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "error: no space left to write checkpoint" in lines[0], result.stderr
+        assert not list(folder.iterdir())

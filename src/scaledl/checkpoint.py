@@ -8,9 +8,11 @@ checkpoint or the new one, never half of one.  Every rank loads it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -20,6 +22,13 @@ from scaledl.errors import UserError
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be read; the message names the file and what to do."""
+
+
+class DiskFullError(CheckpointError):
+    """No room to write a checkpoint: the message names the file system's free space."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def rng_state() -> dict:
@@ -72,12 +81,66 @@ def save(path: str | Path, *, model, optimizer=None, scheduler=None, epoch: int 
     for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer that was killed
         stale.unlink(missing_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(partial, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except (OSError, RuntimeError) as error:
+        full = _disk_full(error, partial)
+        partial.unlink(missing_ok=True)  # a partial file would keep the disk full
+        if full:
+            free = _size(_free_bytes(path.parent))
+            raise DiskFullError(f"no space left to write checkpoint {path}: its file system has {free} free and the "
+                                f"checkpoint needs about {_size(_tensor_bytes(state))}; free some space or use "
+                                "another --out-dir (the previous checkpoint, if any, is intact)") from None
+        raise
+    finally:
+        partial.unlink(missing_ok=True)  # interrupted (Ctrl-C, SIGTERM) in the middle of the write
     return path
+
+
+def _disk_full(error: BaseException, partial: Path) -> bool:
+    """Did a write fail for want of space?  torch.save hides the ENOSPC behind its own
+    RuntimeError ("unexpected pos N vs M"), so also ask the file system."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return True
+        if isinstance(error, OSError) and error.errno is not None:
+            return False
+        error = error.__cause__ or error.__context__
+    try:
+        written = partial.stat().st_size
+        free = shutil.disk_usage(partial.parent).free
+    except OSError:
+        return False
+    return free < max(written // 10, 1 << 20)  # less than a tenth of what was written, or 1 MiB
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes of the tensors in a (nested) state: what the file will hold, within a few KiB."""
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return value.numel() * value.element_size() if hasattr(value, "element_size") else 0
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "an unknown amount"
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
 
 
 def load(path: str | Path, *, model=None, optimizer=None, scheduler=None, map_location="cpu",
