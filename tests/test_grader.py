@@ -1,87 +1,350 @@
-"""Each check fails on what an untouched or wrong exercise produces and passes on the solution."""
-from scaledl import grader
+"""Each check passes the solution, FAILs on what an untouched exercise leaves, and FAILs on the
+wrong answers a learner plausibly writes, naming the fix in one line."""
+import math
 
+import pytest
+import torch
+
+from scaledl import grader, schedule
+
+
+def verdict(capsys) -> str:
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines  # one line, always
+    return lines[0]
+
+
+def fails(capsys, result, *phrases):
+    line = verdict(capsys)
+    assert result is False and line.startswith("FAIL: "), line
+    for phrase in phrases:
+        assert phrase in line, line
+    return line
+
+
+# ---------------------------------------------------------------- lesson 1
+
+N = 7_000_000_000
+
+
+def test_training_memory(capsys):
+    assert grader.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 8 * N}, N)
+    assert "PASS: 112 GB" in verdict(capsys)
+    fails(capsys, grader.check_training_memory(None, N), "`memory` is not set")
+    fails(capsys, grader.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 4 * N}, N),
+          "Adam keeps two")  # momentum only
+    fails(capsys, grader.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 0}, N),
+          "Adam's states are memory too")
+    fails(capsys, grader.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 8 * N}, N),
+          "fp32, 4")  # fp16 sizes for an fp32 model
+    fails(capsys, grader.check_training_memory({"params": 32 * N, "grads": 32 * N, "optimizer": 64 * N}, N),
+          "in bits")
+    fails(capsys, grader.check_training_memory({"params": 28, "grads": 28, "optimizer": 56}, N), "looks like GB")
+    fails(capsys, grader.check_training_memory({"params": 4 * N, "gradients": 4 * N}, N), "no 'grads'")
+
+
+def test_training_days(capsys):
+    args = (7e9, 2e12, 312e12, 0.4, 1)
+    right = 6 * 7e9 * 2e12 / (312e12 * 0.4) / 86400
+    assert grader.check_training_days(right, *args)
+    verdict(capsys)
+    fails(capsys, grader.check_training_days(None, *args), "`days` is not set")
+    fails(capsys, grader.check_training_days(right / 3, *args), "forward pass only")  # 2 N T
+    fails(capsys, grader.check_training_days(right * 0.4, *args), "run at their peak")  # no utilization
+    fails(capsys, grader.check_training_days(right * 86400, *args), "in seconds")
+    fails(capsys, grader.check_training_days(right * 24, *args), "in hours")
+    on_64 = (7e9, 2e12, 312e12, 0.4, 64)
+    fails(capsys, grader.check_training_days(right, *on_64), "one GPU's time")
+
+
+# ---------------------------------------------------------------- lesson 2
+
+def honest(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    synchronize()
+    return num_steps * batch_size / (time.perf_counter() - start)
+
+
+def no_synchronize(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    return num_steps * batch_size / (time.perf_counter() - start)  # reads the clock while the device works
+
+
+def warmup_timed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(warmup_steps + num_steps):
+        step()
+    synchronize()
+    return (warmup_steps + num_steps) * batch_size / (time.perf_counter() - start)
+
+
+def untouched(*args, **kwargs):
+    raise NotImplementedError("exercise")
+
+
+def test_samples_per_s_on_a_simulated_device(capsys):
+    assert grader.check_samples_per_s(honest)
+    verdict(capsys)
+    fails(capsys, grader.check_samples_per_s(no_synchronize), "synchronize before reading it")
+    fails(capsys, grader.check_samples_per_s(warmup_timed), "slow first steps are in the timing")
+    fails(capsys, grader.check_samples_per_s(untouched), "NotImplementedError")
+    fails(capsys, grader.check_samples_per_s(None), "not set")
+
+
+def test_simulated_device_queues_work_until_synchronized():
+    import time
+
+    device = grader.SimulatedDevice(step_s=0.02, warmup_steps=0)
+    start = time.perf_counter()
+    for _ in range(5):
+        device.step()
+    queued = time.perf_counter() - start
+    device.synchronize()
+    assert queued < 0.01 and time.perf_counter() - start >= 0.1
+
+
+# ---------------------------------------------------------------- lesson 3
 
 def test_all_reduce_check(capsys):
     assert grader.check_all_reduce([3.0, 3.0], 2)
-    assert not grader.check_all_reduce([1.0, 2.0], 2)  # the exercise left untouched
-    assert "rank 0 holds 1, expected 3: it still holds its own value" in capsys.readouterr().out
-    assert not grader.check_all_reduce([2.0, 2.0], 2)  # MAX instead of SUM
+    verdict(capsys)
+    fails(capsys, grader.check_all_reduce([1.0, 2.0], 2), "it still holds its own value")  # untouched
+    fails(capsys, grader.check_all_reduce([2.0, 2.0], 2), "the largest value")  # ReduceOp.MAX
+    fails(capsys, grader.check_all_reduce([1.5, 1.5], 2), "that is the average")  # divided by world size
 
 
-def test_shard_check_names_the_local_rank_mistake(capsys):
-    # 2 nodes x 2 ranks sharded by local rank: ranks 0 and 2 get the same samples.
-    by_local_rank = [list(range(local, 8, 2)) for local in (0, 1, 0, 1)]
-    assert not grader.check_shards(by_local_rank, 8, ranks_per_node=2)
-    assert "shard by global rank, not local rank" in capsys.readouterr().out
-    assert grader.check_shards([list(range(rank, 8, 4)) for rank in range(4)], 8, ranks_per_node=2)
-    assert not grader.check_shards([[0, 2], [1, 3]], 8)  # num_replicas too small
+def sampler_shard(use_local_rank=False, replicas=None):
+    from torch.utils.data import DistributedSampler
+
+    def shard(num_samples, rank, local_rank, world_size):
+        return list(DistributedSampler(range(num_samples), num_replicas=replicas or world_size,
+                                       rank=local_rank if use_local_rank else rank, shuffle=False))
+    return shard
 
 
-def test_in_sync_check(capsys):
+def test_sharding_check_simulates_two_nodes(capsys):
+    assert grader.check_sharding(sampler_shard(), 16, nodes=2, ranks_per_node=2)
+    assert "on 2 nodes x 2 ranks" in verdict(capsys)
+    # By local rank: on one node it looks right, on two nodes ranks 0 and 2 train on the same samples.
+    assert grader.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=1, ranks_per_node=2)
+    verdict(capsys)
+    fails(capsys, grader.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=2, ranks_per_node=2),
+          "ranks 0 and 2 both get sample 0", "sharded by local rank")
+    # Two shards (one node's worth of ranks) for a job of four ranks: half the data is never seen.
+    line = fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(lr, n, 2)), 16, 2, 2))
+    assert "local rank" in line
+    fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(r, n // 2, w)), 16, 2, 2),
+          "never seen", "world size")
+    fails(capsys, grader.check_sharding(untouched, 16), "NotImplementedError")
+    fails(capsys, grader.check_sharding(None, 16), "`shard` is not set")
+
+
+# ---------------------------------------------------------------- data parallelism
+
+def test_in_sync_check_names_the_framework_fix(capsys):
     assert grader.check_in_sync(["abc", "abc"])
-    assert not grader.check_in_sync(["abc", "abd"])
-    assert "rank 1 holds different parameters than rank 0: wrap the model in DDP" in capsys.readouterr().out
+    verdict(capsys)
+    fails(capsys, grader.check_in_sync(["abc", "abd"]), "rank 1 holds different parameters", "wrap the model in DDP")
+    line = fails(capsys, grader.check_in_sync(["abc", "abd"], framework="deepspeed"), "engine")
+    assert "DDP" not in line
+    fails(capsys, grader.check_in_sync(["abc", None]), "did not finish")
+    assert not grader.check_in_sync(None)
 
 
-def test_deepspeed_config_check(capsys):
-    good = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "train_batch_size": 32,
-            "gradient_clipping": 0}
-    assert grader.check_deepspeed_config([good, good], world_size=2)
-    assert not grader.check_deepspeed_config([{**good, "train_batch_size": 16}], world_size=2)
-    assert "train_batch_size 16 != micro batch 8 x accumulation 2 x world_size 2" in capsys.readouterr().out
-    assert not grader.check_deepspeed_config([{**good, "gradient_clipping": 1.0}], world_size=2)
-    assert not grader.check_deepspeed_config(None, world_size=2)  # the exercise left untouched
-
-
-def test_zero_formula_check(capsys):
-    def solution(num_params, world_size, stage):
-        return (2 * num_params / (world_size if stage >= 3 else 1) + 2 * num_params / (world_size if stage >= 2 else 1)
-                + 12 * num_params / (world_size if stage >= 1 else 1))
-
-    def untouched(num_params, world_size, stage):
-        raise NotImplementedError("exercise")
-
-    def forgot_gradients(num_params, world_size, stage):
-        return solution(num_params, world_size, min(stage, 1)) if stage < 3 else solution(num_params, world_size, 3)
-
-    assert grader.check_zero_formula(solution)
-    assert not grader.check_zero_formula(untouched)
-    assert not grader.check_zero_formula(forgot_gradients)
-    assert "stage 2 gives" in capsys.readouterr().out
-
-
-def test_pipeline_check():
-    assert grader.check_pipeline([0.0, 0.0])
-    assert not grader.check_pipeline([0.0, 0.7])
-    assert not grader.check_pipeline([0.0, float("nan")])
-    assert not grader.check_pipeline(None)
-
-
-def test_horovod_sync_check_names_the_missing_half(capsys):
-    assert grader.check_horovod_sync([["a", "c"], ["a", "c"]], "tf")
-    assert not grader.check_horovod_sync([["a", "c"], ["b", "d"]], "tf")  # no broadcast
-    assert "rank 1 holds different weights than rank 0 after the first step: broadcast" in capsys.readouterr().out
-    assert not grader.check_horovod_sync([["a", "c"], ["a", "d"]], "tf")  # broadcast, gradients not averaged
-    assert "wrap the tape in hvd.DistributedGradientTape" in capsys.readouterr().out
-    assert not grader.check_horovod_sync([["a", "c"], ["b", "c"]], "torch")
-    assert "before the first step: broadcast rank 0's parameters" in capsys.readouterr().out
-    assert not grader.check_horovod_sync([["a", "c"], ["a", "d"]], "torch")
-    assert "wrap the optimizer in hvd.DistributedOptimizer" in capsys.readouterr().out
-    assert not grader.check_horovod_sync(None, "torch")  # the exercise left untouched
+def test_horovod_sync_check_names_the_missing_part(capsys):
+    for framework in ("tf", "torch"):
+        assert grader.check_horovod_sync([["w", "o", "e"], ["w", "o", "e"]], framework)
+        verdict(capsys)
+    # No broadcast at all: the weights differ from the start.
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["v", "p", "f"]], "tf"),
+          "different weights after the first step", "hvd.broadcast_variables")
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["v", "p", "f"]], "torch"),
+          "different weights before the first step", "hvd.broadcast_parameters")
+    # The weights broadcast, the optimizer state forgotten (rank 0 had resumed with momentum).
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["w", "p", "f"]], "tf"),
+          "optimizer state", "optimizer.variables()")
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["w", "p", "f"]], "torch"),
+          "optimizer state", "hvd.broadcast_optimizer_state")
+    # Broadcasts right, gradients never averaged.
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["w", "o", "f"]], "tf"), "hvd.DistributedGradientTape")
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["w", "o", "f"]], "torch"), "hvd.DistributedOptimizer")
+    # The exercise raised before the first step ended.
+    fails(capsys, grader.check_horovod_sync([[], []], "tf"), "did not finish on every rank")
+    assert not grader.check_horovod_sync(None, "torch")
 
 
 def test_horovod_allreduce_check(capsys):
     assert grader.check_horovod_allreduce([(3.0, 1.5), (3.0, 1.5)], 2)
-    assert not grader.check_horovod_allreduce([(1.5, 1.5), (1.5, 1.5)], 2)  # op left at its default
-    assert "hvd.allreduce averages unless told otherwise: pass op=hvd.Sum" in capsys.readouterr().out
-    assert not grader.check_horovod_allreduce([(3.0, 3.0), (3.0, 3.0)], 2)  # Sum for both
-    assert "that is the sum" in capsys.readouterr().out
-    assert not grader.check_horovod_allreduce([(1.0, 1.0), (2.0, 2.0)], 2)  # nothing reduced
-    assert "it still holds its own value" in capsys.readouterr().out
+    verdict(capsys)
+    fails(capsys, grader.check_horovod_allreduce([(1.5, 1.5), (1.5, 1.5)], 2), "averages unless told otherwise")
+    fails(capsys, grader.check_horovod_allreduce([(3.0, 3.0), (3.0, 3.0)], 2), "that is the sum")
+    fails(capsys, grader.check_horovod_allreduce([(1.0, 1.0), (2.0, 2.0)], 2), "it still holds its own value")
     assert not grader.check_horovod_allreduce(None, 2)
 
 
-def test_horovod_sync_check_on_an_unfinished_training_cell(capsys):
-    assert not grader.check_horovod_sync([[], []], "tf")  # the exercise raised before the first step ended
-    assert "did not finish on every rank" in capsys.readouterr().out
+def test_accumulation_check(capsys):
+    assert grader.check_accumulation([{"max_error": 1e-8, "all_reduces": 1, "buckets": 1}] * 2, 4)
+    verdict(capsys)
+    # No no_sync: every micro batch's backward all-reduced.
+    fails(capsys, grader.check_accumulation([{"max_error": 1e-8, "all_reduces": 4, "buckets": 1}] * 2, 4),
+          "4 all-reduces in a window of 4", "skip the synchronization")
+    # no_sync on every micro batch, the last included: nothing was ever averaged.
+    fails(capsys, grader.check_accumulation([{"max_error": 0.02, "all_reduces": 0, "buckets": 1}] * 2, 4),
+          "no gradient was all-reduced")
+    # Loss not divided by the accumulation steps: the step is 4x too large.
+    fails(capsys, grader.check_accumulation([{"max_error": 0.03, "all_reduces": 2, "buckets": 2}] * 2, 4),
+          "scale each micro batch's loss by 1/4")
+    fails(capsys, grader.check_accumulation([None, None], 4), "did not finish")
+    assert not grader.check_accumulation(None, 4)
+
+
+# ---------------------------------------------------------------- scaling
+
+def test_efficiency_check(capsys):
+    rates = {1: 1000.0, 2: 1700.0, 4: 3000.0}
+    assert grader.check_efficiency(lambda r: {n: v / (n * r[1]) for n, v in r.items()}, rates)
+    verdict(capsys)
+    fails(capsys, grader.check_efficiency(lambda r: {n: v / r[1] for n, v in r.items()}, rates),
+          "is the speed-up")
+    fails(capsys, grader.check_efficiency(lambda r: {n: n * r[1] / v for n, v in r.items()}, rates), "upside down")
+    fails(capsys, grader.check_efficiency(lambda r: {n: v / (n * r[1]) for n, v in r.items() if n > 1}, rates),
+          "no efficiency for world_size 1")
+    fails(capsys, grader.check_efficiency(untouched, rates), "NotImplementedError")
+    fails(capsys, grader.check_efficiency(None, rates), "not set")
+
+
+def test_warmup_check(capsys):
+    def solution(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        return schedule.lr_at(step, lr=lr, global_batch_size=global_batch_size, base_batch_size=base_batch_size,
+                              scale_lr=True, warmup_steps=warmup_steps)
+
+    def no_warmup(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        return lr * global_batch_size / base_batch_size
+
+    def not_scaled(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        return lr * min(1.0, step / warmup_steps) if step < warmup_steps else lr
+
+    def square_root(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * math.sqrt(global_batch_size / base_batch_size)
+        return target if step >= warmup_steps else lr + (target - lr) * step / warmup_steps
+
+    def from_zero(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * global_batch_size / base_batch_size
+        return target * min(1.0, step / warmup_steps)
+
+    assert grader.check_warmup(solution)
+    verdict(capsys)
+    fails(capsys, grader.check_warmup(no_warmup), "no warm-up")
+    fails(capsys, grader.check_warmup(square_root), "square-root scaling")
+    fails(capsys, grader.check_warmup(from_zero), "not at 0")
+    fails(capsys, grader.check_warmup(not_scaled))
+    fails(capsys, grader.check_warmup(untouched), "NotImplementedError")
+
+
+# ---------------------------------------------------------------- DeepSpeed and ZeRO
+
+GOOD = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "train_batch_size": 32,
+        "gradient_clipping": 0}
+
+
+def test_deepspeed_config_check(capsys):
+    assert grader.check_deepspeed_config([GOOD, GOOD], world_size=2)
+    verdict(capsys)
+    fails(capsys, grader.check_deepspeed_config([{**GOOD, "train_batch_size": 16}], world_size=2),
+          "train_batch_size 16 != micro batch 8 x accumulation 2 x world_size 2")
+    fails(capsys, grader.check_deepspeed_config([{**GOOD, "gradient_clipping": 1.0}], world_size=2), "clips")
+    # Consistent, but not what the exercise asks: no accumulation.
+    fails(capsys, grader.check_deepspeed_config([{**GOOD, "gradient_accumulation_steps": 1, "train_batch_size": 16}],
+                                                world_size=2), "asks for 2 micro batches")
+    fails(capsys, grader.check_deepspeed_config([{"train_batch_size": 32}], world_size=2), "set both")
+    assert not grader.check_deepspeed_config(None, world_size=2)  # untouched: from_ranks said FAIL
+
+
+def zero_solution(num_params, world_size, stage):
+    return {"params": 2 * num_params / (world_size if stage >= 3 else 1),
+            "grads": 2 * num_params / (world_size if stage >= 2 else 1),
+            "optimizer": 12 * num_params / (world_size if stage >= 1 else 1)}
+
+
+def test_zero_formula_check(capsys):
+    def swapped(num_params, world_size, stage):  # parameters partitioned at stage 2, gradients at 3: same totals
+        return {"params": 2 * num_params / (world_size if stage >= 2 else 1),
+                "grads": 2 * num_params / (world_size if stage >= 3 else 1),
+                "optimizer": 12 * num_params / (world_size if stage >= 1 else 1)}
+
+    def forgot_gradients(num_params, world_size, stage):
+        return {**zero_solution(num_params, world_size, stage), "grads": 2 * num_params}
+
+    def total_only(num_params, world_size, stage):
+        return sum(zero_solution(num_params, world_size, stage).values())
+
+    def fp32_sizes(num_params, world_size, stage):
+        return {key: value * 2 if key != "optimizer" else value for key, value in
+                zero_solution(num_params, world_size, stage).items()}
+
+    assert grader.check_zero_formula(zero_solution)
+    verdict(capsys)
+    assert sum(swapped(7.5e9, 8, 2).values()) == sum(zero_solution(7.5e9, 8, 2).values())
+    fails(capsys, grader.check_zero_formula(swapped), "stage 2", "every rank still holds all the parameters")
+    fails(capsys, grader.check_zero_formula(forgot_gradients), "stage 2: gradients are partitioned from stage 2")
+    fails(capsys, grader.check_zero_formula(total_only), "return a dict")
+    fails(capsys, grader.check_zero_formula(fp32_sizes), "2 bytes (fp16)")
+    fails(capsys, grader.check_zero_formula(untouched), "NotImplementedError")
+    fails(capsys, grader.check_zero_formula(None), "not set")
+
+
+# ---------------------------------------------------------------- pipeline
+
+def pipeline_tensors():
+    from scaledl import models
+
+    torch.manual_seed(0)
+    whole = models.torch_cnn()
+    x = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return whole, x, whole[:6](x), whole(x)
+
+
+def test_pipeline_check(capsys):
+    whole, x, first, full = pipeline_tensors()
+    with torch.no_grad():
+        assert grader.check_pipeline(first.clone(), whole[6:](first), first, full)
+        verdict(capsys)
+        # `logits = full_model(x)` on rank 1 and no send/recv: nothing was received.
+        fails(capsys, grader.check_pipeline(None, whole(x), first, full), "rank 1 has no `activations`")
+        # A buffer received into, but never filled by rank 0 (torch.empty or zeros).
+        zeros = torch.zeros_like(first)
+        fails(capsys, grader.check_pipeline(zeros, whole[6:](zeros), first, full), "does not hold rank 0's output")
+        # A buffer of the wrong shape.
+        fails(capsys, grader.check_pipeline(torch.zeros(16, 32, 14, 14), None, first, full),
+              "shape (16, 32, 14, 14)", "(16, 32, 7, 7)")
+        # Received right, then the wrong layers run on it.
+        fails(capsys, grader.check_pipeline(first.clone(), None, first, full), "no `logits`")
+        fails(capsys, grader.check_pipeline(first.clone(), whole[8:](torch.zeros(16, 128)), first, full),
+              "differ from the whole model's")
+
+
+@pytest.mark.parametrize("check, args", [
+    (grader.check_training_memory, (None, 10)), (grader.check_training_days, (None, 1, 1, 1, 1, 1)),
+    (grader.check_samples_per_s, (None,)), (grader.check_sharding, (None,)), (grader.check_efficiency, (None, {1: 1})),
+    (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)),
+])
+def test_every_check_fails_on_a_name_never_set(check, args, capsys):
+    assert check(*args) is False
+    assert verdict(capsys).startswith("FAIL: ")

@@ -1,14 +1,23 @@
-"""Checks for the exercises: each says in one line what is right or what is wrong and why.
+"""Checks for the exercises: each says in one line what is right, or what is wrong and how to fix it.
 
 A check returns True/False and prints its verdict, so a notebook cell can call it after the
-learner's code and the tests can call it on wrong and right answers alike.
+learner's code and the tests can feed it right and wrong answers alike.  Every check FAILs on
+what an untouched exercise leaves behind (a name never set, a NotImplementedError).
 """
 from __future__ import annotations
+
+import math
+import threading
+import time
 
 
 def _verdict(ok: bool, message: str) -> bool:
     print(("PASS: " if ok else "FAIL: ") + message)
     return ok
+
+
+def _unfinished(name: str) -> bool:
+    return _verdict(False, f"`{name}` is not set: finish the exercise cell above and run it")
 
 
 def from_ranks(view, name: str) -> list | None:
@@ -21,6 +30,121 @@ def from_ranks(view, name: str) -> list | None:
         return None
 
 
+def gather(view, expression: str) -> list:
+    """`expression` evaluated on every rank, in rank order; None on a rank where it fails (a name
+    the exercise never set), so a check can say which part is missing."""
+    view.execute(f"try:\n    _grader_value = {expression}\nexcept Exception:\n    _grader_value = None", block=True)
+    return view.pull("_grader_value", block=True)
+
+
+# ----------------------------------------------------------------------------- lesson 1
+
+def check_training_memory(memory, num_params: int) -> bool:
+    """Bytes to train `num_params` parameters in fp32 with Adam: parameters, gradients and
+    Adam's two states (momentum and variance), 4 bytes each: 16 bytes per parameter."""
+    if memory is None:
+        return _unfinished("memory")
+    want = {"params": 4 * num_params, "grads": 4 * num_params, "optimizer": 8 * num_params}
+    missing = [key for key in want if key not in memory]
+    if missing:
+        return _verdict(False, f"`memory` has no {missing[0]!r}: give bytes for params, grads and optimizer")
+    for key, name in (("params", "parameters"), ("grads", "gradients")):
+        got = memory[key]
+        if math.isclose(got, want[key] * 8):
+            return _verdict(False, f"{name}: {got:.3g} is in bits: count bytes, 4 for each fp32 number")
+        if math.isclose(got, want[key] / 2):
+            return _verdict(False, f"{name}: {got:.3g} bytes counts 2 bytes a number: this model trains in fp32, 4")
+        if math.isclose(got, want[key] / 1e9):
+            return _verdict(False, f"{name}: {got:.3g} looks like GB: give bytes (the check divides by 1e9 itself)")
+        if not math.isclose(got, want[key]):
+            return _verdict(False, f"{name}: {got:.3g} bytes, expected {want[key]:.3g}: one fp32 number per parameter")
+    got = memory["optimizer"]
+    if math.isclose(got, 4 * num_params):
+        return _verdict(False, "optimizer: that is one state per parameter: Adam keeps two (momentum and variance)")
+    if math.isclose(got, 0):
+        return _verdict(False, "optimizer: Adam's states are memory too: two fp32 numbers per parameter")
+    if not math.isclose(got, want["optimizer"]):
+        return _verdict(False, f"optimizer: {got:.3g} bytes, expected {want['optimizer']:.3g}: "
+                               "Adam keeps two fp32 numbers per parameter")
+    total = sum(want.values())
+    return _verdict(True, f"{total / 1e9:.0f} GB of model states before a single activation: 16 bytes a parameter")
+
+
+def check_training_days(days, num_params: float, num_tokens: float, peak_flops: float, utilization: float,
+                        num_gpus: int) -> bool:
+    """Days to train: 6 x parameters x tokens FLOPs (2 forward + 4 backward), at the sustained
+    rate utilization x peak per GPU, over num_gpus GPUs."""
+    if days is None:
+        return _unfinished("days")
+    seconds = 6 * num_params * num_tokens / (peak_flops * utilization * num_gpus)
+    want = seconds / 86400
+    if math.isclose(days, want, rel_tol=1e-3):
+        return _verdict(True, f"{want:,.1f} days on {num_gpus} GPUs: 6 N T FLOPs at {utilization:.0%} of peak")
+    for factor, message in ((1 / 3, "you counted the forward pass only (2 N T): backward costs twice the forward"),
+                            (utilization, "that assumes the GPUs run at their peak: multiply peak by the utilization"),
+                            (num_gpus, "that is one GPU's time: the work divides over all the GPUs"),
+                            (86400, "that is in seconds: a day has 86,400"),
+                            (24, "that is in hours: divide by 24")):
+        if math.isclose(days, want * factor, rel_tol=1e-3):
+            return _verdict(False, f"{days:,.3g} days: {message}")
+    return _verdict(False, f"{days:,.3g} days, expected {want:,.1f}: FLOPs = 6 x parameters x tokens, "
+                           "divided by the sustained FLOP/s of all GPUs")
+
+
+# ----------------------------------------------------------------------------- lesson 2
+
+class SimulatedDevice:
+    """A stand-in for a GPU to check timing code against: `step()` only queues its work (as a
+    CUDA launch does) and returns at once; `synchronize()` waits until the queue is done.  The
+    first `warmup_steps` steps are slow, as first steps on a real device are."""
+
+    def __init__(self, step_s: float = 0.004, warmup_steps: int = 2, warmup_s: float = 0.15):
+        self.step_s, self.warmup_steps, self.warmup_s = step_s, warmup_steps, warmup_s
+        self._lock = threading.Lock()
+        self._busy_until = time.perf_counter()
+        self.steps = 0
+
+    def step(self) -> None:
+        with self._lock:
+            cost = self.warmup_s if self.steps < self.warmup_steps else self.step_s
+            self._busy_until = max(self._busy_until, time.perf_counter()) + cost
+            self.steps += 1
+
+    def synchronize(self) -> None:
+        with self._lock:
+            wait = self._busy_until - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+
+
+def check_samples_per_s(samples_per_s, batch_size: int = 64) -> bool:
+    """Run the learner's `samples_per_s(step, batch_size, synchronize, num_steps, warmup_steps)`
+    on a simulated device whose true rate is known."""
+    if samples_per_s is None:
+        return _unfinished("samples_per_s")
+    device = SimulatedDevice()
+    try:
+        got = samples_per_s(device.step, batch_size, device.synchronize, num_steps=30, warmup_steps=3)
+    except NotImplementedError:
+        return _verdict(False, "samples_per_s still raises NotImplementedError: finish the exercise cell")
+    want = batch_size / device.step_s
+    if device.steps < 30:
+        return _verdict(False, f"it ran {device.steps} steps: run the warm-up steps and then num_steps timed ones")
+    if got > 3 * want:
+        return _verdict(False, f"{got:,.0f} samples/s, faster than the device can go ({want:,.0f}): the clock "
+                               "stopped before the queued work finished: synchronize before reading it")
+    if got < 0.7 * want:
+        return _verdict(False, f"{got:,.0f} samples/s, well below the steady {want:,.0f}: the slow first steps are "
+                               "in the timing: start the clock after the warm-up (and synchronize there too)")
+    if got > 1.3 * want:
+        return _verdict(False, f"{got:,.0f} samples/s, above the steady {want:,.0f}: count only the samples of the "
+                               "timed steps, and stop the clock after the device has finished them")
+    return _verdict(True, f"{got:,.0f} samples/s, within the simulated device's true {want:,.0f}: "
+                          "warm-up left out, the device synchronized before each clock reading")
+
+
+# ----------------------------------------------------------------------------- lesson 3
+
 def check_all_reduce(values_by_rank: list, world_size: int) -> bool:
     """After all_reduce(SUM) of rank + 1 every rank holds 1 + 2 + ... + world_size."""
     if values_by_rank is None:
@@ -31,68 +155,102 @@ def check_all_reduce(values_by_rank: list, world_size: int) -> bool:
     if not wrong:
         return _verdict(True, f"every rank holds {expected:g}, the sum over all ranks")
     rank, value = wrong[0]
-    hint = ("it still holds its own value: call all_reduce on every rank" if value == rank + 1
-            else "check the reduce op (SUM) and that every rank takes part")
+    if value == rank + 1:
+        hint = "it still holds its own value: every rank must take part in the collective"
+    elif value == world_size:
+        hint = "that is the largest value: the reduce op must be a sum"
+    elif value == (world_size + 1) / 2:
+        hint = "that is the average: this exercise wants the sum (the default op)"
+    else:
+        hint = "check the reduce op (a sum) and that every rank takes part"
     return _verdict(False, f"rank {rank} holds {value:g}, expected {expected:g}: {hint}")
 
 
-def check_shards(indices_by_rank: list, num_samples: int, ranks_per_node: int | None = None) -> bool:
-    """Every sample index exactly once across ranks, no rank sharing an index with another."""
-    if indices_by_rank is None:
-        return False
-    seen = {}
-    for rank, indices in enumerate(indices_by_rank):
+def check_sharding(shard, num_samples: int = 16, nodes: int = 2, ranks_per_node: int = 2) -> bool:
+    """`shard(num_samples, rank, local_rank, world_size) -> indices`, run for every rank of a
+    simulated job of `nodes` nodes: every sample exactly once across all ranks."""
+    if shard is None:
+        return _unfinished("shard")
+    world_size = nodes * ranks_per_node
+    by_rank = []
+    for rank in range(world_size):
+        try:
+            by_rank.append([int(i) for i in shard(num_samples, rank, rank % ranks_per_node, world_size)])
+        except NotImplementedError:
+            return _verdict(False, "shard still raises NotImplementedError: finish the exercise cell")
+    where = f"on {nodes} nodes x {ranks_per_node} ranks"
+    seen: dict[int, int] = {}
+    for rank, indices in enumerate(by_rank):
         for index in indices:
             if index in seen:
-                same_local = ranks_per_node and seen[index] % ranks_per_node == rank % ranks_per_node
-                hint = "shard by global rank, not local rank" if same_local else "give each rank its own rank number"
-                first = sorted(indices_by_rank[rank])
-                return _verdict(False, f"rank {rank} saw samples {first[0]}-{first[-1]}, as rank {seen[index]} did: {hint}")
+                other = seen[index]
+                same_local = other % ranks_per_node == rank % ranks_per_node
+                hint = ("you sharded by local rank, which repeats on every node: use the global rank" if same_local
+                        else "each rank needs its own place: the global rank among world_size ranks")
+                return _verdict(False, f"{where}, ranks {other} and {rank} both get sample {index}: {hint}")
             seen[index] = rank
     missing = sorted(set(range(num_samples)) - set(seen))
     if missing:
-        return _verdict(False, f"{len(missing)} samples are never seen (first: {missing[0]}): "
-                               "num_replicas must be the world size")
-    return _verdict(True, f"{num_samples} samples, each seen by exactly one of {len(indices_by_rank)} ranks")
+        return _verdict(False, f"{where}, {len(missing)} samples are never seen (first: {missing[0]}): the number "
+                               "of shards must be the world size, not the ranks on one node")
+    return _verdict(True, f"{where}, each of {num_samples} samples goes to exactly one rank")
 
 
-def check_in_sync(fingerprints_by_rank: list) -> bool:
+
+# ----------------------------------------------------------------------------- data parallelism
+
+_IN_SYNC_FIXES = {
+    "ddp": "wrap the model in DDP before the first step (it broadcasts rank 0's weights and averages gradients)",
+    "deepspeed": "train through the engine deepspeed.initialize returned: engine(x), engine.backward, engine.step",
+}
+
+
+def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
     """After a data-parallel step every rank must hold bit-identical parameters."""
     if fingerprints_by_rank is None:
         return False
+    if any(f is None for f in fingerprints_by_rank):
+        return _verdict(False, "the training cell did not finish on every rank: finish the exercise and run it")
     if len(set(fingerprints_by_rank)) == 1:
         return _verdict(True, f"all {len(fingerprints_by_rank)} ranks hold identical parameters")
     differing = [rank for rank, f in enumerate(fingerprints_by_rank) if f != fingerprints_by_rank[0]]
-    return _verdict(False, f"rank {differing[0]} holds different parameters than rank 0: wrap the model in DDP "
-                           "before the first step (it broadcasts rank 0's weights and averages gradients)")
+    return _verdict(False, f"rank {differing[0]} holds different parameters than rank 0: {_IN_SYNC_FIXES[framework]}")
 
 
 # Where Horovod's broadcast belongs and what averages the gradients, per framework: TensorFlow
 # broadcasts after the first step (the optimizer makes its variables then), PyTorch before it.
 _HOROVOD_FIXES = {
-    "tf": ("after the first step", "broadcast rank 0's variables after the first step "
-           "(hvd.broadcast_variables on model.variables and optimizer.variables())",
+    "tf": ("after the first step",
+           "broadcast rank 0's model variables after the first step (hvd.broadcast_variables)",
+           "broadcast the optimizer's variables too (optimizer.variables()), not only the model's",
            "average the gradients: wrap the tape in hvd.DistributedGradientTape"),
-    "torch": ("before the first step", "broadcast rank 0's parameters and optimizer state before training "
-              "(hvd.broadcast_parameters, hvd.broadcast_optimizer_state)",
+    "torch": ("before the first step",
+              "broadcast rank 0's parameters before training (hvd.broadcast_parameters)",
+              "broadcast rank 0's optimizer state too (hvd.broadcast_optimizer_state)",
               "average the gradients: wrap the optimizer in hvd.DistributedOptimizer"),
 }
 
 
 def check_horovod_sync(fingerprints_by_rank: list, framework: str) -> bool:
-    """Horovod's two duties, checked apart. Each rank gives [fingerprint at the start, fingerprint
-    after the last step]: equal starts need the broadcast, equal ends the averaged gradients."""
+    """Horovod's duties, checked apart.  Each rank gives [weights at the start, optimizer state at
+    the start, weights after the last step]: equal starts need the two broadcasts, equal ends the
+    averaged gradients.  (Two entries, [start, end], check the weights alone.)"""
     if fingerprints_by_rank is None:
         return False
-    if any(len(f) < 2 for f in fingerprints_by_rank):
-        return _verdict(False, "the training cell did not finish on every rank: finish the exercise above and run both cells")
-    start, broadcast_hint, average_hint = _HOROVOD_FIXES[framework]
-    for index, when, hint in ((0, start, broadcast_hint), (-1, "after the last step", average_hint)):
+    if any(len(f) < 2 or None in f for f in fingerprints_by_rank):
+        return _verdict(False, "the training cell did not finish on every rank: finish the exercise above and "
+                               "run both cells")
+    when, weights_hint, optimizer_hint, average_hint = _HOROVOD_FIXES[framework]
+    checks = [(0, f"weights {when}", weights_hint)]
+    if len(fingerprints_by_rank[0]) > 2:
+        checks.append((1, f"optimizer state (momentum) {when}", optimizer_hint))
+    checks.append((-1, "weights after the last step", average_hint))
+    for index, what, hint in checks:
         differing = [rank for rank, f in enumerate(fingerprints_by_rank) if f[index] != fingerprints_by_rank[0][index]]
         if differing:
-            return _verdict(False, f"rank {differing[0]} holds different weights than rank 0 {when}: {hint}")
-    return _verdict(True, f"all {len(fingerprints_by_rank)} ranks start from rank 0's weights and stay identical "
-                          "after every step")
+            return _verdict(False, f"rank {differing[0]} holds different {what} than rank 0: {hint}")
+    return _verdict(True, f"all {len(fingerprints_by_rank)} ranks start from rank 0's weights and optimizer state "
+                          "and stay identical after every step")
 
 
 def check_horovod_allreduce(results_by_rank: list, world_size: int) -> bool:
@@ -103,20 +261,111 @@ def check_horovod_allreduce(results_by_rank: list, world_size: int) -> bool:
     for rank, (total, average) in enumerate(results_by_rank):
         total, average = float(total), float(average)
         if total != want_total:
-            hint = ("hvd.allreduce averages unless told otherwise: pass op=hvd.Sum" if total == want_average
+            hint = ("Horovod averages unless told otherwise: ask for a sum" if total == want_average
                     else "it still holds its own value: all-reduce it, on every rank" if total == rank + 1
-                    else "sum with op=hvd.Sum, on every rank")
+                    else "sum it, on every rank")
             return _verdict(False, f"rank {rank}: total is {total:g}, expected {want_total:g}: {hint}")
         if average != want_average:
-            hint = ("that is the sum: leave op at its default, hvd.Average" if average == want_total
+            hint = ("that is the sum: leave the op at its default, the average" if average == want_total
                     else "it still holds its own value: all-reduce it, on every rank" if average == rank + 1
-                    else "average with op=hvd.Average (the default), on every rank")
+                    else "average it (the default op), on every rank")
             return _verdict(False, f"rank {rank}: average is {average:g}, expected {want_average:g}: {hint}")
     return _verdict(True, f"every rank holds the sum {want_total:g} and the average {want_average:g}")
 
 
-def check_deepspeed_config(configs_by_rank: list, world_size: int) -> bool:
-    """DeepSpeed's three batch numbers must agree: global = micro x accumulation x world_size."""
+def check_accumulation(reports_by_rank: list, accumulation_steps: int) -> bool:
+    """DDP gradient accumulation.  Each rank reports {"max_error": largest difference from one
+    big-batch step on all ranks' micro batches, "all_reduces": bucket all-reduces in the window,
+    "buckets": all-reduces one synchronized backward makes}."""
+    if reports_by_rank is None:
+        return False
+    if any(r is None for r in reports_by_rank):
+        return _verdict(False, "the accumulation cell did not finish on every rank: finish the exercise and run it")
+    report = reports_by_rank[0]
+    calls, buckets, error = report["all_reduces"], report["buckets"], report["max_error"]
+    if calls == 0:
+        return _verdict(False, "no gradient was all-reduced in the window: the last micro batch's backward must "
+                               "synchronize, or the ranks drift apart")
+    if calls > buckets:
+        return _verdict(False, f"{calls} all-reduces in a window of {accumulation_steps} micro batches, "
+                               f"{calls // buckets} per backward: skip the synchronization on all but the last "
+                               "micro batch (DDP has a context manager for it)")
+    if not error < 1e-5:
+        return _verdict(False, f"the weights differ from one big-batch step by {error:.2g}: scale each micro "
+                               f"batch's loss by 1/{accumulation_steps} and step the optimizer once per window")
+    return _verdict(True, f"one all-reduce per window ({buckets} bucket{'s' * (buckets != 1)}) and the same weights "
+                          f"as one step on the {accumulation_steps}x larger batch")
+
+
+# ----------------------------------------------------------------------------- scaling
+
+def check_efficiency(efficiency, samples_per_s: dict, mode: str = "weak") -> bool:
+    """`efficiency(samples_per_s: {world_size: samples/s}) -> {world_size: efficiency}`:
+    samples/s on N ranks over N times samples/s on 1 rank (weak and strong alike)."""
+    if efficiency is None:
+        return _unfinished("efficiency")
+    try:
+        got = efficiency(dict(samples_per_s))
+    except NotImplementedError:
+        return _verdict(False, "efficiency still raises NotImplementedError: finish the exercise cell")
+    base_n = min(samples_per_s)
+    base = samples_per_s[base_n] / base_n
+    for n, rate in sorted(samples_per_s.items()):
+        want = rate / (n * base)
+        value = got.get(n) if isinstance(got, dict) else None
+        if value is None:
+            return _verdict(False, f"no efficiency for world_size {n}: return one for every world size measured")
+        if math.isclose(value, want, rel_tol=1e-6):
+            continue
+        if math.isclose(value, rate / (base * base_n), rel_tol=1e-6) and n != base_n:
+            return _verdict(False, f"world_size {n}: {value:.2f} is the speed-up: divide it by the world size")
+        if value and math.isclose(value, 1 / want, rel_tol=1e-6):
+            return _verdict(False, f"world_size {n}: {value:.2f} is upside down: measured over ideal, not ideal over "
+                                   "measured")
+        return _verdict(False, f"world_size {n}: {value:.3g}, expected {want:.3g}: samples/s on N ranks over "
+                               "N times the samples/s of one rank")
+    return _verdict(True, "efficiency = samples/s on N ranks / (N x samples/s on 1 rank) at every world size")
+
+
+def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps: int = 100) -> bool:
+    """`lr_at(step, lr, global_batch_size, base_batch_size, warmup_steps)`: the linear scaling
+    rule with a linear warm-up from the unscaled lr (Goyal et al., 2017; scaledl.schedule)."""
+    from scaledl import schedule
+
+    if lr_at is None:
+        return _unfinished("lr_at")
+    for global_batch_size in (256, 64):
+        for step in (5 * warmup_steps, warmup_steps, 0, warmup_steps // 2):  # the target first, then the ramp
+            want = schedule.lr_at(step, lr=lr, global_batch_size=global_batch_size,
+                                  base_batch_size=base_batch_size, scale_lr=True, warmup_steps=warmup_steps)
+            try:
+                got = lr_at(step, lr, global_batch_size, base_batch_size, warmup_steps)
+            except NotImplementedError:
+                return _verdict(False, "lr_at still raises NotImplementedError: finish the exercise cell")
+            if math.isclose(got, want, rel_tol=1e-6):
+                continue
+            k = global_batch_size / base_batch_size
+            if step >= warmup_steps and math.isclose(got, lr * math.sqrt(k)):
+                hint = "that is square-root scaling: the linear rule multiplies lr by global / base batch"
+            elif step >= warmup_steps and math.isclose(got, lr):
+                hint = "lr never grows with the batch: multiply it by global_batch_size / base_batch_size"
+            elif step < warmup_steps and math.isclose(got, lr * k):
+                hint = "no warm-up: ramp linearly from lr to the scaled lr over warmup_steps"
+            elif step == 0 and math.isclose(got, 0):
+                hint = "the ramp starts at the unscaled lr, not at 0 (Goyal et al.)"
+            else:
+                hint = "before warmup_steps: lr + (scaled - lr) * step / warmup_steps; after: scaled"
+            return _verdict(False, f"global batch {global_batch_size}, step {step}: lr {got:.4g}, "
+                                   f"expected {want:.4g}: {hint}")
+    return _verdict(True, "lr ramps linearly from the base lr to lr x global/base batch, then stays there")
+
+
+# ----------------------------------------------------------------------------- DeepSpeed and ZeRO
+
+def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_size: int = 8,
+                           accumulation_steps: int = 2) -> bool:
+    """DeepSpeed's three batch numbers must agree (global = micro x accumulation x world_size),
+    and be the ones the exercise asks for; nothing clipped."""
     if configs_by_rank is None:
         return False
     config = configs_by_rank[0]
@@ -125,6 +374,11 @@ def check_deepspeed_config(configs_by_rank: list, world_size: int) -> bool:
     total = config.get("train_batch_size")
     if None in (micro, total):
         return _verdict(False, "set both train_micro_batch_size_per_gpu and train_batch_size")
+    if micro != micro_batch_size:
+        return _verdict(False, f"the micro batch is {micro}; the exercise asks for {micro_batch_size} per rank")
+    if accumulation != accumulation_steps:
+        return _verdict(False, f"gradient_accumulation_steps is {accumulation}; the exercise asks for "
+                               f"{accumulation_steps} micro batches per optimizer step")
     if total != micro * accumulation * world_size:
         return _verdict(False, f"train_batch_size {total} != micro batch {micro} x accumulation {accumulation} "
                                f"x world_size {world_size}: the global batch counts every rank's micro batches")
@@ -134,29 +388,62 @@ def check_deepspeed_config(configs_by_rank: list, world_size: int) -> bool:
     return _verdict(True, "the global batch is micro batch x accumulation x world_size, and nothing is clipped")
 
 
+_PARTITIONED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
+_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states"}
+
+
 def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
-    """`bytes_per_rank(num_params, world_size, stage)` for mixed-precision Adam (2 + 2 + 12 bytes)."""
+    """`bytes_per_rank(num_params, world_size, stage) -> {"params", "grads", "optimizer"}` for
+    mixed-precision Adam (2 + 2 + 12 bytes per parameter), checked part by part, so that
+    partitioning the parameters where the gradients belong (same total) fails too."""
     from scaledl import zero_memory
 
+    if bytes_per_rank is None:
+        return _unfinished("bytes_per_rank")
     num_params = 7_500_000_000  # the paper's 7.5B-parameter example
-    for stage, partitioned in enumerate(["nothing", "optimizer states", "and gradients", "and parameters"]):
+    for stage in range(4):
         try:
             got = bytes_per_rank(num_params, world_size, stage)
         except NotImplementedError:
             return _verdict(False, "bytes_per_rank still raises NotImplementedError: finish the exercise cell")
-        want = zero_memory.predict(num_params, world_size, stage, 2, 2, 12)["total"]
-        if got != want:
-            return _verdict(False, f"stage {stage} gives {got / 1e9:g} GB, expected {want / 1e9:g} GB: "
-                                   f"stage {stage} partitions {partitioned} over the ranks (divide by world_size)")
-    return _verdict(True, "all four stages match the paper's 16 bytes per parameter, partitioned stage by stage")
+        want = zero_memory.predict(num_params, world_size, stage, 2, 2, 12)
+        if not isinstance(got, dict) or set(got) < {"params", "grads", "optimizer"}:
+            return _verdict(False, "return a dict with the bytes of \"params\", \"grads\" and \"optimizer\"")
+        for key in ("params", "grads", "optimizer"):
+            if math.isclose(got[key], want[key], rel_tol=1e-6):
+                continue
+            full = want[key] if key not in _PARTITIONED[stage] else want[key] * world_size
+            if key in _PARTITIONED[stage] and math.isclose(got[key], full, rel_tol=1e-3):
+                return _verdict(False, f"stage {stage}: {_NAMES[key]} are partitioned from stage "
+                                       f"{min(s for s in _PARTITIONED if key in _PARTITIONED[s])} on: "
+                                       f"divide them by world_size")
+            if key not in _PARTITIONED[stage] and math.isclose(got[key], want[key] / world_size, rel_tol=1e-3):
+                return _verdict(False, f"stage {stage}: every rank still holds all the {_NAMES[key]} "
+                                       f"({want[key] / 1e9:g} GB): stage {stage} partitions only "
+                                       f"{', '.join(_NAMES[k] for k in _PARTITIONED[stage]) or 'nothing'}")
+            return _verdict(False, f"stage {stage}: {_NAMES[key]} {got[key] / 1e9:g} GB, expected "
+                                   f"{want[key] / 1e9:g} GB: params and grads are 2 bytes (fp16), Adam's states 12")
+    return _verdict(True, "all four stages match the paper, part by part: 16 bytes per parameter, partitioned "
+                          "optimizer states, then gradients, then parameters")
 
 
-def check_pipeline(errors_by_rank: list) -> bool:
-    """The last stage's logits must equal the whole model's on the same batch."""
-    if errors_by_rank is None:
-        return False
-    error = errors_by_rank[-1]
-    if error is None or error != error or error > 1e-5:
-        return _verdict(False, f"the last rank's logits differ from the whole model's (max error {error}): "
-                               "send the first stage's output, and run the second stage on what arrives")
-    return _verdict(True, "the two stages together compute exactly what the whole model computes")
+# ----------------------------------------------------------------------------- pipeline
+
+def check_pipeline(received, logits, first_stage_output, full_logits, tolerance: float = 1e-4) -> bool:
+    """Rank 1's received buffer must hold rank 0's stage output, and its logits (its stage on
+    that buffer) must equal the whole model's on the same batch.  Tensors on the CPU."""
+    if received is None:
+        return _verdict(False, "rank 1 has no `activations`: receive rank 0's output into a buffer of that name")
+    if tuple(received.shape) != tuple(first_stage_output.shape):
+        return _verdict(False, f"rank 1's buffer has shape {tuple(received.shape)}, but rank 0 sends "
+                               f"{tuple(first_stage_output.shape)}: a receive buffer must match what is sent")
+    if not (received - first_stage_output).abs().max().item() < tolerance:
+        return _verdict(False, "rank 1's buffer does not hold rank 0's output: rank 0 must send it and rank 1 "
+                               "receive into the buffer before using it")
+    if logits is None:
+        return _verdict(False, "rank 1 has no `logits`: run its stage on the activations it received")
+    error = (logits - full_logits).abs().max().item()
+    if not error < tolerance:
+        return _verdict(False, f"rank 1's logits differ from the whole model's (max error {error:.2g}): "
+                               "run rank 1's own stage on the received activations")
+    return _verdict(True, "rank 1 received rank 0's activations, and the two stages compute what the whole model does")

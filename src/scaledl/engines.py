@@ -1,0 +1,108 @@
+"""Live ranks for the lessons: ipyparallel engines started the way a training job starts its ranks.
+
+    cluster, ranks = engines.start()    # one rank per GPU of this node (per tile on Aurora), else 2
+    %%px                                # a cell that runs on every rank
+    ...
+    cluster.stop_cluster_sync()
+
+The engines are started by the launcher of the machine the notebook runs on, so each rank
+finds its place exactly as a training script would (`scaledl.setup()` reads the launcher's
+variables): Open MPI's `mpiexec` on a laptop, PALS `mpiexec` with its CPU binding inside a
+Polaris or Aurora PBS job, `srun` inside a Slurm allocation.  All ranks sit on the node the
+notebook runs on: a notebook drives one node; the job scripts in `jobs/` drive many.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from scaledl import launchers
+from scaledl.launch import Target, build_plan
+from scaledl.launch_env import LaunchError
+from scaledl.systems import detect_system
+
+CPU_RANKS = 2  # without a GPU: enough ranks to see every collective, few enough for a laptop
+ENGINE = "ipyparallel.engine"
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """How the engines start: ipyparallel runs `mpi_cmd -n world_size *mpi_args python -m ipyparallel.engine`."""
+
+    system: str
+    world_size: int
+    mpi_cmd: list[str]
+    mpi_args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # set for the engines (communication presets)
+
+
+def accelerator_count() -> int:
+    """GPUs on this node (XPU devices on Aurora: each tile is one), 0 without any or without torch."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.xpu.device_count()
+    return 0
+
+
+def default_world_size() -> int:
+    """One rank per accelerator, as a training job runs; else CPU_RANKS ranks on the CPU."""
+    return accelerator_count() or CPU_RANKS
+
+
+def plan(world_size: int | None = None, system: str | None = None, env: Mapping[str, str] | None = None,
+         hostname: str | None = None) -> EnginePlan:
+    """The launch of `world_size` engines on this node (default: one per GPU, else 2), for the
+    system detected from `env` (PBS, Slurm, host names) or named (local, polaris, aurora, slurm)."""
+    env = dict(os.environ if env is None else env)
+    world_size = default_world_size() if world_size is None else world_size
+    if not isinstance(world_size, int) or world_size < 1:
+        raise LaunchError(f"WORLD_SIZE must be a whole number of ranks, at least 1, got {world_size!r}")
+    if system is None:
+        system, _ = detect_system(env, hostname)
+    if system == "local":
+        # Open MPI's mpiexec; as root and with more ranks than cores it needs permission.
+        extra = {k: v for k, v in launchers.local_env(world_size, env).items()
+                 if k.startswith("OMPI_") and env.get(k) != v}
+        return EnginePlan("local", world_size, [launchers.tool("mpiexec")], [], extra)
+    # The batch systems: the same command `scaledl launch` builds, all ranks on this node.
+    launch = build_plan(world_size, Target(ENGINE), ppn=world_size, system=system, env=env, hostname=hostname)
+    command = list(launch.command)
+    python_at = command.index(sys.executable)
+    options = command[1:python_at]
+    where = options.index("-n")
+    del options[where:where + 2]  # ipyparallel puts `-n world_size` after the command itself
+    return EnginePlan(system, world_size, command[:1], options, dict(launch.env))
+
+
+def start(world_size: int | None = None, system: str | None = None, timeout_s: float = 180):
+    """Start the engines, wait for every one, and make `%%px` run on them.
+
+    Returns (cluster, view): `view` runs code on every rank and blocks until all are done, so a
+    `%%px` cell shows what each rank printed; `cluster.stop_cluster_sync()` stops them.
+    """
+    import ipyparallel as ipp
+
+    how = plan(world_size, system)
+    os.environ.update(how.env)  # the engines inherit the notebook's environment
+    cluster = ipp.Cluster(n=how.world_size, engines="mpi")
+    cluster.config.MPILauncher.mpi_cmd = how.mpi_cmd
+    cluster.config.MPILauncher.mpi_args = how.mpi_args
+    client = cluster.start_and_connect_sync()
+    try:
+        client.wait_for_engines(how.world_size, timeout=timeout_s)
+    except Exception:
+        cluster.stop_cluster_sync()
+        raise
+    view = client[:]
+    view.block = True  # each %%px cell waits for every rank and shows what each printed
+    view.activate()  # %%px now runs on these engines
+    command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
+    print(f"{how.world_size} ranks up ({how.system}: {command})")
+    return cluster, view

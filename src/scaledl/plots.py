@@ -1,0 +1,255 @@
+"""The lessons' figures, drawn from numbers the lessons measure (or from the arithmetic they teach).
+
+Each function returns a matplotlib Figure built without pyplot (no global state, no display
+side effects); `image(fig)` turns it into the PNG a notebook shows and stores, so the figures
+read on GitHub and the tests can call every function.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#8172B3",
+          "forward": "#4C72B0", "backward": "#DD8452", "comm": "#C44E52", "idle": "#DDDDDD"}
+
+
+def _figure(width: float, height: float, ncols: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols)
+    return fig, axes
+
+
+def png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+def image(fig):
+    """The figure as an IPython Image: the notebook shows it and stores it with its outputs."""
+    from IPython.display import Image
+
+    return Image(data=png(fig), format="png")
+
+
+def _box(ax, x, y, w, h, text, color, fontsize=8):
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", facecolor=color, edgecolor="black",
+                                linewidth=0.8))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def parallelism(world_size: int = 4):
+    """Data parallelism (whole model per rank, data split, gradients all-reduced) next to model
+    parallelism (layers split over ranks, activations passed along)."""
+    fig, (left, right) = _figure(10, 3.6, 2)
+    layers = ["conv 1", "conv 2", "linear 1", "linear 2"]
+    for rank in range(world_size):
+        x = rank * 1.2
+        _box(left, x, 3.0, 1.0, 0.5, f"batch {rank}/{world_size}", "#EEEEEE")
+        for i, layer in enumerate(layers):
+            _box(left, x, 2.2 - i * 0.5, 1.0, 0.4, layer, COLORS["params"] + "55", fontsize=7)
+        left.annotate("", (x + 0.5, 2.6), (x + 0.5, 3.0), arrowprops={"arrowstyle": "->"})
+    left.plot([0.1, world_size * 1.2 - 0.3], [0.35, 0.35], color=COLORS["comm"], linewidth=3)
+    left.text(world_size * 0.6 - 0.1, 0.05, "all-reduce of the gradients, every step", ha="center",
+              color=COLORS["comm"], fontsize=8)
+    left.set_title("data parallelism: every rank holds the whole model")
+    for i, layer in enumerate(layers):
+        x = i * 1.2
+        _box(right, x, 1.6, 1.0, 0.6, f"rank {i}\n{layer}", COLORS["params"] + "55")
+        if i:
+            right.annotate("", (x, 1.9), (x - 0.2, 1.9), arrowprops={"arrowstyle": "->", "color": COLORS["comm"]})
+    _box(right, 0, 2.8, 1.0, 0.5, "whole batch", "#EEEEEE")
+    right.annotate("", (0.5, 2.2), (0.5, 2.8), arrowprops={"arrowstyle": "->"})
+    right.text(2.3, 1.1, "activations forward, their gradients back\n(send / recv between neighbours)",
+               ha="center", color=COLORS["comm"], fontsize=8)
+    right.set_title("model (pipeline) parallelism: every rank holds a part")
+    for ax in (left, right):
+        ax.set(xlim=(-0.2, 4.8), ylim=(-0.1, 3.7))
+        ax.axis("off")
+    return fig
+
+
+def training_memory(parts_gb: dict, device_gb: float, device_name: str = "one GPU"):
+    """Stacked bars of what training a model keeps (parameters, gradients, optimizer states,
+    activations), against one device's memory."""
+    fig, ax = _figure(6, 3.4)
+    bottom = 0.0
+    for key, value in parts_gb.items():
+        ax.bar(["training state"], [value], bottom=bottom, color=COLORS.get(key, None), label=f"{key} {value:,.0f} GB")
+        bottom += value
+    ax.axhline(device_gb, color="black", linestyle="--")
+    ax.text(0.45, device_gb, f" {device_name}: {device_gb:g} GB", va="bottom", fontsize=8)
+    ax.set(ylabel="GB", title=f"{bottom:,.0f} GB needed, {device_gb:g} GB on the device")
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def ring_allreduce(world_size: int = 4):
+    """The ring all-reduce: each of world_size ranks sends one chunk to its right-hand neighbour
+    per step; world_size - 1 reduce-scatter steps, then world_size - 1 all-gather steps."""
+    import numpy as np
+    from matplotlib.patches import Circle
+
+    fig, (ring, grid) = _figure(10, 3.8, 2)
+    angles = [math.pi / 2 - 2 * math.pi * r / world_size for r in range(world_size)]
+    points = [(math.cos(a), math.sin(a)) for a in angles]
+    for rank, (x, y) in enumerate(points):
+        ring.add_patch(Circle((x, y), 0.22, facecolor=COLORS["params"] + "55", edgecolor="black"))
+        ring.text(x, y, f"rank {rank}", ha="center", va="center", fontsize=8)
+        nx, ny = points[(rank + 1) % world_size]
+        ring.annotate("", (nx * 0.8 + x * 0.2, ny * 0.8 + y * 0.2), (x * 0.8 + nx * 0.2, y * 0.8 + ny * 0.2),
+                      arrowprops={"arrowstyle": "->", "color": COLORS["comm"], "linewidth": 1.5})
+    ring.set(xlim=(-1.4, 1.4), ylim=(-1.4, 1.4), aspect="equal",
+             title=f"each step: every rank sends 1/{world_size} of the buffer to the next")
+    ring.axis("off")
+    steps = 2 * (world_size - 1)
+    chunk = np.zeros((world_size, steps))
+    for step in range(steps):
+        for rank in range(world_size):
+            chunk[rank, step] = (rank - step) % world_size  # the chunk this rank sends at this step
+    grid.imshow(chunk, cmap="tab10", vmin=0, vmax=9, aspect="auto")
+    for step in range(steps):
+        for rank in range(world_size):
+            grid.text(step, rank, f"{int(chunk[rank, step])}", ha="center", va="center", fontsize=8)
+    grid.axvline(world_size - 1.5, color="black")
+    grid.set(xticks=range(steps), xticklabels=[str(s + 1) for s in range(steps)], yticks=range(world_size),
+             xlabel="step (left: reduce-scatter, right: all-gather)", ylabel="rank",
+             title="the chunk each rank sends at each step")
+    return fig
+
+
+def allreduce_cost(nbytes, seconds, alpha: float, inverse_beta: float, world_size: int):
+    """Measured all-reduce time against the ring model 2(p-1) alpha + 2(p-1)/p n/beta, log-log."""
+    import numpy as np
+
+    fig, ax = _figure(6, 3.6)
+    n = np.asarray(nbytes, dtype=float)
+    p = world_size
+    model = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * inverse_beta
+    ax.loglog(n, np.asarray(seconds) * 1e6, "o", label="measured")
+    ax.loglog(n, model * 1e6, "-", label=f"model: alpha {alpha * 1e6:.0f} us, beta {1 / inverse_beta / 1e9:.2f} GB/s")
+    ax.loglog(n, np.full(len(n), 2 * (p - 1) * alpha * 1e6), ":", color="gray", label="latency term alone")
+    ax.set(xlabel="bytes all-reduced", ylabel="time (us)", title=f"all-reduce on {p} ranks")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def sampler_order(orders: dict, num_samples: int):
+    """Sample order per epoch, one panel per case ({"title": [[indices of epoch 0], ...]}):
+    identical rows mean every epoch repeats the same order."""
+    fig, axes = _figure(5 * len(orders), 2.8, len(orders))
+    axes = [axes] if len(orders) == 1 else list(axes)
+    for ax, (title, epochs) in zip(axes, orders.items()):
+        ax.imshow(epochs, cmap="viridis", vmin=0, vmax=num_samples - 1, aspect="auto")
+        ax.set(title=title, xlabel="position in the epoch (this rank)", ylabel="epoch", yticks=range(len(epochs)))
+    return fig
+
+
+def ddp_timeline(events_by_rank: list):
+    """Backward and all-reduce on each rank against time.  Each rank's events are
+    (row, label, start_s, end_s) with row "backward" or "all-reduce"; times from a common zero."""
+    fig, ax = _figure(10, 1 + 0.9 * len(events_by_rank))
+    yticks, ylabels = [], []
+    for rank, events in enumerate(events_by_rank):
+        for offset, row in enumerate(("backward", "all-reduce")):
+            y = rank * 2.5 + (1 - offset)
+            yticks.append(y)
+            ylabels.append(f"rank {rank} {row}")
+            for kind, label, start, end in events:
+                if kind != row:
+                    continue
+                color = COLORS["backward"] if row == "backward" else COLORS["comm"]
+                ax.barh(y, (end - start) * 1e3, left=start * 1e3, height=0.8, color=color, edgecolor="black",
+                        linewidth=0.5)
+                ax.text((start + end) / 2 * 1e3, y, label, ha="center", va="center", fontsize=6)
+    ax.set(yticks=yticks, yticklabels=ylabels, xlabel="ms since backward started",
+           title="DDP: each bucket's all-reduce starts while backward is still running")
+    return fig
+
+
+def zero_memory(panels: dict):
+    """Bytes per rank at each ZeRO stage, stacked by kind; one panel per case:
+    {"title": {stage: {"params": bytes, "grads": bytes, "optimizer": bytes}}}."""
+    fig, axes = _figure(5 * len(panels), 3.6, len(panels))
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (title, stages) in zip(axes, panels.items()):
+        names = [f"stage {s}" for s in stages]
+        scale, unit = (1e9, "GB") if max(sum(v.values()) for v in stages.values()) > 1e9 else (1e6, "MB")
+        bottom = [0.0] * len(stages)
+        for key in ("params", "grads", "optimizer"):
+            values = [stages[s][key] / scale for s in stages]
+            ax.bar(names, values, bottom=bottom, color=COLORS[key], label=key)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        for x, total in enumerate(bottom):
+            ax.text(x, total, f"{total:.3g}", ha="center", va="bottom", fontsize=8)
+        ax.set(title=title, ylabel=f"{unit} per rank")
+        ax.legend(fontsize=8)
+    return fig
+
+
+def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
+    """The GPipe schedule from measured per-stage times (forward and backward of one micro batch
+    on each stage): all forwards, then all backwards; grey is the bubble."""
+    stages = len(forward_s)
+    fig, ax = _figure(10, 0.9 + 0.6 * stages)
+    free = [0.0] * stages  # when each stage is next free
+    done_forward = [[0.0] * microbatches for _ in range(stages)]
+    for m in range(microbatches):
+        for s in range(stages):
+            start = max(free[s], done_forward[s - 1][m] if s else 0.0)
+            free[s] = done_forward[s][m] = start + forward_s[s]
+            ax.barh(s, forward_s[s] * 1e3, left=start * 1e3, color=COLORS["forward"], edgecolor="black")
+            ax.text((start + forward_s[s] / 2) * 1e3, s, f"F{m}", ha="center", va="center", fontsize=7)
+    done_backward = [[0.0] * microbatches for _ in range(stages)]
+    for m in reversed(range(microbatches)):
+        for s in reversed(range(stages)):
+            ready = done_forward[stages - 1][microbatches - 1] if s == stages - 1 else done_backward[s + 1][m]
+            start = max(free[s], ready)
+            free[s] = done_backward[s][m] = start + backward_s[s]
+            ax.barh(s, backward_s[s] * 1e3, left=start * 1e3, color=COLORS["backward"], edgecolor="black")
+            ax.text((start + backward_s[s] / 2) * 1e3, s, f"B{m}", ha="center", va="center", fontsize=7)
+    end = max(free)
+    ax.barh(range(stages), [end * 1e3] * stages, color=COLORS["idle"], zorder=0)
+    busy = sum(microbatches * (f + b) for f, b in zip(forward_s, backward_s))
+    bubble = 1 - busy / (stages * end)
+    ax.set(yticks=range(stages), yticklabels=[f"stage {s} (rank {s})" for s in range(stages)],
+           xlabel="ms", title=f"GPipe, {stages} stages x {microbatches} micro batches: bubble {bubble:.0%} "
+                              f"(formula (S-1)/(M+S-1) = {(stages - 1) / (microbatches + stages - 1):.0%})")
+    ax.invert_yaxis()
+    fig.bubble = bubble  # what the drawing shows, for a caller or a test
+    return fig
+
+
+def scaling(runs: dict):
+    """Efficiency against world size for each mode: {"weak": {world_size: samples/s}, ...}."""
+    fig, (speed, efficiency) = _figure(10, 3.4, 2)
+    for mode, rates in runs.items():
+        sizes = sorted(rates)
+        base = rates[sizes[0]] / sizes[0]
+        speed.plot(sizes, [rates[n] for n in sizes], "o-", label=mode)
+        efficiency.plot(sizes, [rates[n] / (n * base) for n in sizes], "o-", label=mode)
+    every = sorted({n for rates in runs.values() for n in rates})
+    first = next(iter(runs.values()))
+    base = first[min(first)] / min(first)
+    speed.plot(every, [n * base for n in every], "--", color="gray", label="ideal")
+    efficiency.axhline(1.0, linestyle="--", color="gray", label="ideal")
+    speed.set(xlabel="world_size", ylabel="samples/s", xticks=every, title="throughput")
+    efficiency.set(xlabel="world_size", ylabel="efficiency", xticks=every, ylim=(0, 1.2),
+                   title="efficiency = samples/s / (N x one rank's)")
+    speed.legend(fontsize=8)
+    efficiency.legend(fontsize=8)
+    return fig
+
+
+def lr_schedules(curves: dict, steps_per_epoch: dict):
+    """Learning rate against epoch for each global batch size: {label: [lr per step]}."""
+    fig, ax = _figure(6, 3.4)
+    for label, lrs in curves.items():
+        ax.plot([step / steps_per_epoch[label] for step in range(len(lrs))], lrs, label=label)
+    ax.set(xlabel="epoch", ylabel="lr", title="linear scaling rule with a linear warm-up")
+    ax.legend(fontsize=8)
+    return fig

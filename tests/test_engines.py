@@ -1,0 +1,60 @@
+"""The lessons' live ranks start with each system's own launcher, one per GPU of the node."""
+import sys
+
+import pytest
+
+from scaledl import engines, launch_env, launchers
+
+
+def test_without_a_gpu_two_cpu_ranks():
+    assert engines.accelerator_count() == 0  # this machine; the gpu tier checks the other case
+    assert engines.default_world_size() == 2
+
+
+def test_local_uses_open_mpis_mpiexec():
+    plan = engines.plan(None, env={"PATH": "/usr/bin"}, hostname="laptop")
+    assert plan.system == "local" and plan.world_size == 2
+    assert plan.mpi_cmd == [launchers.tool("mpiexec")] and plan.mpi_args == []
+
+
+def test_polaris_binds_cpus_next_to_each_gpu(tmp_path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x3005c0s13b0n0\nx3005c0s13b1n0\n")
+    env = {"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.polaris-pbs-01"}
+    plan = engines.plan(4, env=env, hostname="x3005c0s13b0n0")
+    assert plan.system == "polaris" and plan.mpi_cmd == ["mpiexec"]
+    args = " ".join(plan.mpi_args)
+    assert "--ppn 4 --depth 8 --cpu-bind depth" in args and f"--hostfile {nodefile}" in args
+    assert "-n" not in plan.mpi_args  # ipyparallel adds `-n 4` itself
+    assert plan.env["NCCL_NET"] == "AWS Libfabric"
+
+
+def test_aurora_one_rank_per_tile_with_oneccl_variables(tmp_path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x4102c5s2b0n0\n")
+    plan = engines.plan(12, env={"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.aurora-pbs-01"})
+    assert plan.system == "aurora"
+    assert "--ppn 12" in " ".join(plan.mpi_args) and "--cpu-bind" in plan.mpi_args
+    assert "ZE_AFFINITY_MASK" in " ".join(plan.mpi_args)  # each rank sees only its tile
+    assert plan.env["CCL_ATL_TRANSPORT"] == "mpi" and plan.env["FI_PROVIDER"] == "cxi"
+    assert sys.executable not in plan.mpi_args
+
+
+def test_slurm_gives_each_rank_one_gpu():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "4"}
+    plan = engines.plan(4, env=env)
+    assert plan.system == "slurm" and plan.mpi_cmd == ["srun"]
+    assert "--gpus-per-task 1" in " ".join(plan.mpi_args) and "--cpu-bind=cores" in plan.mpi_args
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 2.5, "4"])
+def test_a_bad_world_size_is_a_one_line_error(world_size):
+    with pytest.raises(launch_env.LaunchError, match="WORLD_SIZE must be a whole number"):
+        engines.plan(world_size, env={})
+
+
+def test_more_ranks_than_a_polaris_node_has_gpus(tmp_path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x3005c0s13b0n0\n")
+    with pytest.raises(launch_env.LaunchError, match="more than the 4 GPUs"):
+        engines.plan(8, env={"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.polaris-pbs-01"})

@@ -1,0 +1,93 @@
+"""Every lesson figure draws from realistic numbers and shows what its caption claims."""
+import numpy as np
+import pytest
+
+from scaledl import plots, schedule
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def drawn(fig) -> bytes:
+    data = plots.png(fig)
+    assert data.startswith(PNG) and len(data) > 5000
+    return data
+
+
+def test_parallelism_and_memory_figures():
+    drawn(plots.parallelism())
+    fig = plots.training_memory({"params": 28, "grads": 28, "optimizer": 56, "activations": 18}, 40, "A100")
+    assert "130 GB needed, 40 GB" in fig.axes[0].get_title()
+    drawn(fig)
+
+
+def test_ring_allreduce_every_rank_sends_a_different_chunk_each_step():
+    fig = plots.ring_allreduce(4)
+    grid = fig.axes[1].images[0].get_array()
+    assert grid.shape == (4, 6)  # 4 ranks, 2 x (4 - 1) steps
+    for step in range(6):
+        assert sorted(grid[:, step]) == [0, 1, 2, 3]
+    drawn(fig)
+
+
+def test_allreduce_cost_is_log_log_with_the_model_line():
+    nbytes = 4 * np.array([2**k for k in range(8, 23, 2)])
+    alpha, inverse_beta = 30e-6, 1 / 2e9
+    seconds = 2 * alpha + nbytes * inverse_beta * 1.1
+    fig = plots.allreduce_cost(nbytes, seconds, alpha, inverse_beta, 2)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert len(ax.get_lines()) == 3
+    drawn(fig)
+
+
+def test_sampler_order_and_ddp_timeline():
+    fig = plots.sampler_order({"forgotten": [[3, 1, 2, 0]] * 3, "set_epoch": [[3, 1, 2, 0], [0, 2, 1, 3], [1, 0, 3, 2]]}, 4)
+    assert len(fig.axes) == 2
+    drawn(fig)
+    events = [("backward", "Linear 9", 0.0, 0.001), ("backward", "Conv2d 0", 0.003, 0.006),
+              ("all-reduce", "bucket 0", 0.0012, 0.004), ("all-reduce", "bucket 1", 0.0061, 0.007)]
+    fig = plots.ddp_timeline([events, events])
+    assert len(fig.axes[0].patches) == 8  # two bars of each kind per rank
+    drawn(fig)
+
+
+def test_zero_memory_stacks_the_three_kinds():
+    from scaledl import zero_memory
+
+    paper = {stage: zero_memory.predict(7_500_000_000, 64, stage, 2, 2, 12) for stage in range(4)}
+    fig = plots.zero_memory({"paper": paper})
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "GB per rank" and len(ax.patches) == 12
+    assert [t.get_text() for t in ax.texts] == ["120", "31.4", "16.6", "1.88"]  # the paper's Figure 1
+    drawn(fig)
+
+
+@pytest.mark.parametrize("microbatches", [1, 4, 8])
+def test_pipeline_bubble_matches_the_formula_for_equal_stages(microbatches):
+    fig = plots.pipeline_schedule([0.001, 0.001], [0.002, 0.002], microbatches)
+    assert fig.bubble == pytest.approx(1 / (microbatches + 1))
+    drawn(fig)
+
+
+def test_pipeline_bubble_grows_when_one_stage_is_slower():
+    balanced = plots.pipeline_schedule([0.001, 0.001], [0.002, 0.002], 4).bubble
+    assert plots.pipeline_schedule([0.003, 0.001], [0.006, 0.002], 4).bubble > balanced
+
+
+def test_scaling_and_lr_schedules():
+    fig = plots.scaling({"weak": {1: 1000.0, 2: 1800.0, 4: 3400.0}, "strong": {1: 1000.0, 2: 1500.0, 4: 2000.0}})
+    efficiency = fig.axes[1].get_lines()[0].get_ydata()
+    assert list(np.round(efficiency, 3)) == [1.0, 0.9, 0.85]
+    drawn(fig)
+    curves = {"global batch 256": [schedule.lr_at(s, lr=0.1, global_batch_size=256, base_batch_size=64,
+                                                  scale_lr=True, warmup_steps=10) for s in range(40)]}
+    fig = plots.lr_schedules(curves, {"global batch 256": 20})
+    line = fig.axes[0].get_lines()[0]
+    assert line.get_ydata()[0] == pytest.approx(0.1) and line.get_ydata()[-1] == pytest.approx(0.4)
+    assert line.get_xdata()[-1] == pytest.approx(39 / 20)
+    drawn(fig)
+
+
+def test_image_is_what_a_notebook_stores():
+    image = plots.image(plots.parallelism())
+    assert image.format == "png" and image.data.startswith(PNG)
