@@ -23,6 +23,6 @@ fi
 export MAX_JOBS=$(nproc)
 echo "building deepspeed $version for accelerator $DS_ACCELERATOR (torch CUDA ${torch_cuda:-none})"
 # --no-cache-dir: never take a wheel pip built earlier against another torch.
-PATH="$PWD/$venv/bin:$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
+PATH="$(cd "$venv/bin" && pwd):$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
     --no-build-isolation --no-deps -w "$work/dist" "deepspeed==$version"
 mv "$work"/dist/deepspeed-*.whl "$out/"

@@ -56,6 +56,12 @@ if [ -n "${torch_cuda:-}" ]; then
     if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
         export HOROVOD_GPU_OPERATIONS=NCCL
     fi
+    if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]; then
+        # Horovod's own GPU list has architectures that CUDA 13 dropped: build for the ones torch was built for.
+        HOROVOD_BUILD_CUDA_CC_LIST=$("$python" -c 'import torch
+print(",".join(a.split("_")[1] for a in torch.cuda.get_arch_list() if a.startswith("sm_")))')
+        export HOROVOD_BUILD_CUDA_CC_LIST
+    fi
     if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}" ]; then
         # PyPI's CUDA torch brings NCCL as the nvidia-nccl wheel (libnccl.so.2, no libnccl.so link):
         # give Horovod's CMake the layout it searches, a folder with include/ and lib/.
@@ -82,9 +88,9 @@ else
 fi
 on_off=(off on)
 echo "building horovod $version: torch ${on_off[has_torch]} (CUDA ${torch_cuda:-none}, C++$std)," \
-     "tensorflow ${on_off[has_tf]}, GPU operations ${HOROVOD_GPU_OPERATIONS:-none}"
+     "tensorflow ${on_off[has_tf]}, GPU operations ${HOROVOD_GPU_OPERATIONS:-none} ${HOROVOD_BUILD_CUDA_CC_LIST:-}"
 # --no-cache-dir: pip would otherwise hand back a wheel it once built from the same sdist
 # against another torch, without building anything.
-PATH="$PWD/$venv/bin:$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
+PATH="$(cd "$venv/bin" && pwd):$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
     --no-build-isolation --no-deps --no-binary horovod -w "$work/dist" "horovod==$version"
 mv "$work"/dist/horovod-*.whl "$out/"
