@@ -1,0 +1,83 @@
+"""The gpu tier: every lesson and every rung on the GPUs of this node, with NCCL.
+
+    pytest -m gpu tests/test_gpu.py
+
+Skipped on a machine without a CUDA GPU.  The lessons start one rank per GPU (their
+`WORLD_SIZE = None`), so every `%%px` cell runs on `cuda:<local_rank>` with NCCL; a lesson or
+rung that leaves a tensor on the CPU fails here, not on a learner's node.
+"""
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from scaledl import engines, launchers
+
+GPUS = engines.accelerator_count()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no GPU on this machine")]
+
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+# What a lesson needs beyond torch; a GPU node without it skips that lesson and says why.
+NEEDS = {"04_horovod_tf": ("horovod", "tensorflow"), "05_horovod_torch": ("horovod",),
+         "08_deepspeed": ("deepspeed",), "09_zero_fsdp": ("deepspeed",)}
+
+
+def missing(names) -> list[str]:
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
+def text_of(notebook) -> str:
+    return "".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                   for output in cell.get("outputs", []))
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[path.stem for path in LESSONS])
+def test_lesson_runs_on_every_gpu(path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    absent = missing(NEEDS.get(path.stem, ()))
+    if absent:
+        pytest.skip(f"{', '.join(absent)} not installed on this GPU node")
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    for cell in notebook.cells:
+        if "nbval-check-output" in cell.metadata.get("tags", []):
+            verdict = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+            assert verdict.startswith("PASS: "), (path.name, cell.source, verdict)
+    text = text_of(notebook)
+    if "engines.start" in "".join(cell.source for cell in notebook.cells):
+        assert f"{min(GPUS, 2) if path.stem == '10_model_parallel' else GPUS} ranks up" in text
+    if "scaledl.setup" in "".join(cell.source for cell in notebook.cells):
+        assert "nccl" in text and "cuda:" in text, path.name
+
+
+def rungs():
+    try:
+        from scaledl.ladder import RUNGS
+    except ImportError:  # the table of rungs moved: run the modules the ladder has
+        RUNGS = {}
+    return sorted(RUNGS.items())
+
+
+@pytest.mark.parametrize("name, rung", rungs(), ids=[name for name, _ in rungs()])
+def test_rung_trains_on_every_gpu(name, rung, tmp_path):
+    from conftest import run
+
+    module, launcher, args = rung
+    absent = missing({"horovodrun": ("horovod",), "deepspeed": ("deepspeed",)}.get(launcher, ()))
+    if "tf" in module:
+        absent += missing(("tensorflow",))
+    if absent:
+        pytest.skip(f"{', '.join(absent)} not installed on this GPU node")
+    nproc = 1 if launcher == "python" else 2 if module == "pipeline" else GPUS
+    command = launchers.for_launcher(launcher, nproc, f"scaledl.ladder.{module}",
+                                     [*args, "--epochs", "1", "--train-limit", "2048", "--out-dir", str(tmp_path)])
+    run(command, timeout=900, nproc=nproc, env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))})
+    summary = json.loads(Path(tmp_path, "summary.json").read_text())
+    assert summary["world_size"] == nproc
+    assert summary.get("params_in_sync", True) is True
