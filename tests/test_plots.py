@@ -41,7 +41,8 @@ def test_allreduce_cost_is_log_log_with_the_model_line():
 
 
 def test_sampler_order_and_ddp_timeline():
-    fig = plots.sampler_order({"forgotten": [[3, 1, 2, 0]] * 3, "set_epoch": [[3, 1, 2, 0], [0, 2, 1, 3], [1, 0, 3, 2]]}, 4)
+    orders = {"forgotten": [[3, 1, 2, 0]] * 3, "set_epoch": [[3, 1, 2, 0], [0, 2, 1, 3], [1, 0, 3, 2]]}
+    fig = plots.sampler_order(orders, 4)
     assert len(fig.axes) == 2
     drawn(fig)
     events = [("backward", "Linear 9", 0.0, 0.001), ("backward", "Conv2d 0", 0.003, 0.006),
