@@ -186,7 +186,7 @@ def test_venv_over_a_site_installs_scaledl_and_changes_nothing_of_the_site(stand
                 "from scaledl import sharding; loader = sharding.torch_train_loader(data, 32, 0, 1, 0); "
                 "x, y = next(iter(loader)); print(tuple(x.shape))"]).stdout.splitlines()
     module = str(site_python.parent.parent)
-    assert where[0].startswith(module) and where[1].startswith(module) and where[2] == "(32, 28, 28, 1)"
+    assert where[0].startswith(module) and where[1].startswith(module) and where[2] == "(32, 1, 28, 28)"
     assert (venv / "scaledl-site").read_text().strip() == "site"
 
 
