@@ -17,6 +17,7 @@ import gzip
 import os
 import pickle
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -59,18 +60,40 @@ class Dataset:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (MNIST's format), gzipped or not."""
+    """Read an IDX file (MNIST's format), gzipped or not; a damaged one is a DataError naming it."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise DataError(f"{path} is not a whole gzip file ({error or type(error).__name__}): "
+                        "download it again") from None
+    except OSError as error:
+        raise DataError(f"cannot read {path}: {error.strerror or error}") from None
     if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
     ndim = data[3]
+    if not 1 <= ndim <= 3 or len(data) < 4 + 4 * ndim:
+        raise DataError(f"{path} has a damaged IDX header ({ndim} dimensions, {len(data)} bytes)")
     shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(shape)):
-        raise DataError(f"{path} is truncated: header says {shape}, found {body.size} bytes")
+        what = "truncated" if body.size < int(np.prod(shape)) else "longer than its header says"
+        raise DataError(f"{path} is {what}: header says {shape}, found {body.size} bytes of data")
     return body.reshape(shape)
+
+
+def _check_split(images: np.ndarray, labels: np.ndarray, images_path, labels_path, shape, classes: int = 10):
+    """Images N x H x W (x C), labels N in 0..classes-1, from the same N."""
+    if images.ndim < 3 or tuple(images.shape[1:len(shape) + 1]) != tuple(shape)[:images.ndim - 1]:
+        raise DataError(f"{images_path} holds arrays of shape {tuple(images.shape)}, not images of {shape}")
+    if labels.ndim != 1:
+        raise DataError(f"{labels_path} holds arrays of shape {tuple(labels.shape)}, not one label per image")
+    if len(images) != len(labels):
+        raise DataError(f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels: "
+                        "the two files come from different sets")
+    if len(labels) and (labels.min() < 0 or labels.max() >= classes):
+        raise DataError(f"{labels_path} has labels outside 0..{classes - 1} (found {labels.min()}..{labels.max()})")
 
 
 def _find_idx(directory: Path, stem: str) -> Path | None:
@@ -92,17 +115,46 @@ def load_embedded_mnist() -> Dataset:
 
 
 def load_mnist(data_dir: Path, download: bool = True) -> Dataset:
-    arrays = {}
+    arrays, paths = {}, {}
     for key, stem in MNIST_FILES.items():
         path = _find_idx(data_dir, stem)
-        if path is None and download:
+        if path is None and download and _can_write(data_dir):
             path = _download(MNIST_MIRROR + stem + ".gz", data_dir / (stem + ".gz"))
         if path is None:
-            raise DataError(f"MNIST file {stem}[.gz] not found in {data_dir}: put the four MNIST "
+            why = "" if _can_write(data_dir) else f" (and {data_dir} is read-only, so they cannot be downloaded there)"
+            raise DataError(f"MNIST file {stem}[.gz] not found in {data_dir}{why}: put the four MNIST "
                             f"IDX files there (or in {data_dir}/MNIST/raw), or use --dataset mnist-embedded")
-        arrays[key] = read_idx(path)
+        arrays[key], paths[key] = read_idx(path), path
+    for split in ("train", "test"):
+        _check_split(arrays[f"x_{split}"], arrays[f"y_{split}"], paths[f"x_{split}"], paths[f"y_{split}"], (28, 28))
     return Dataset("mnist", arrays["x_train"][..., None], arrays["y_train"].astype(np.int64),
                    arrays["x_test"][..., None], arrays["y_test"].astype(np.int64))
+
+
+def _can_write(folder: Path) -> bool:
+    """Can files be made in `folder` (or, if it does not exist yet, in its nearest existing parent)?"""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    try:
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            return False
+    except OSError:
+        return False
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """CIFAR-10's batches hold dicts, lists, bytes and NumPy arrays; a pickle that asks for any
+    other class is not one of them (and unpickling it could run its code)."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("copy_reg", "_reconstructor"), ("copyreg", "_reconstructor"),
+               ("__builtin__", "object"), ("builtins", "object")}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}")
+        return super().find_class(module, name)
 
 
 def load_cifar10(data_dir: Path) -> Dataset:
@@ -114,13 +166,26 @@ def load_cifar10(data_dir: Path) -> Dataset:
                         f"cifar-10-python.tar.gz into {data_dir}")
 
     def batch(name):
+        path = folder / name
         try:
-            with open(folder / name, "rb") as f:
-                entry = pickle.load(f, encoding="bytes")
-            x = np.asarray(entry[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-            return x, np.asarray(entry[b"labels"], np.int64)
-        except (pickle.UnpicklingError, KeyError, ValueError, EOFError) as error:
-            raise DataError(f"{folder / name} is not a CIFAR-10 python batch ({error})") from None
+            with open(path, "rb") as f:
+                entry = _BatchUnpickler(f, encoding="bytes").load()
+        except OSError as error:
+            raise DataError(f"cannot read {path}: {error.strerror or error}") from None
+        except Exception as error:  # noqa: BLE001  unpickling raises anything a damaged file makes it raise
+            raise DataError(f"{path} is not a CIFAR-10 python batch ({type(error).__name__}: {error})") from None
+        if not isinstance(entry, dict) or b"data" not in entry or b"labels" not in entry:
+            raise DataError(f"{path} is not a CIFAR-10 python batch (expected a dict with b'data' and b'labels')")
+        data, labels = entry[b"data"], entry[b"labels"]
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+            shape = getattr(data, "shape", type(data).__name__)
+            raise DataError(f"{path}: b'data' must be a uint8 array of N x 3072 pixels, found {shape}")
+        if not isinstance(labels, (list, np.ndarray)) or not all(isinstance(v, (int, np.integer)) for v in labels):
+            raise DataError(f"{path}: b'labels' must be a list of integers")
+        x = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        y = np.asarray(labels, np.int64)
+        _check_split(x, y, path, path, (32, 32, 3))
+        return x, y
 
     parts = [batch(n) for n in names[:-1]]
     x_test, y_test = batch("test_batch")

@@ -3,11 +3,24 @@
 A wrong flag, missing data, a half-set launcher environment or a corrupt checkpoint is not
 a bug in the program: it gets one line that says what is wrong and what to do, not a
 traceback, and the run stops before it writes anything.
+
+Under a launcher every rank hits the same mistake, so only the main rank prints it; each rank
+also leaves its line in `$SCALEDL_ERROR_DIR` when a launcher the package started set it
+(`scaledl.launchers.run_launcher`), which prints the line again after everything the
+launcher said, and exits with the rank's status.
 """
 from __future__ import annotations
 
+import argparse
 import functools
+import json
+import os
+import re
 import sys
+
+from scaledl import signals
+
+ERROR_DIR_VAR = "SCALEDL_ERROR_DIR"
 
 
 class UserError(Exception):
@@ -30,23 +43,173 @@ def _lost_a_peer(error: BaseException) -> bool:
         sign in text for sign in ("timed out", "connection closed by peer", "connection reset by peer")))
 
 
+def _frames(error: BaseException):
+    """(module name, function name, locals) of each frame the exception passed through."""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        yield frame.f_globals.get("__name__", ""), frame.f_code.co_name, frame.f_locals
+        tb = tb.tb_next
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0][:160] if text else "") or type(error).__name__
+
+
+def as_user_error(error: Exception) -> UserError | None:
+    """The user's mistake behind an exception a library raised, when it is one; else None.
+
+    Libraries report these in their own words, as RuntimeErrors deep in a traceback: a port
+    that another process holds, a backend this PyTorch was built without, a DeepSpeed
+    checkpoint that is truncated or half-deleted.  Matched by where they were raised and
+    what they say."""
+    text = str(error)
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        port = re.search(r"port:? (\d+)", text) or re.search(r":(\d{2,5})\b", text)
+        which = f"port {port.group(1)}" if port else "the rendezvous port"
+        return UserError(f"{which} is already taken on this host (another job or process holds it): pick a free one "
+                         "with MASTER_PORT=<port> (torchrun: --master-port, deepspeed: --master_port), or use "
+                         "`scaledl launch`, which picks one")
+    frames = list(_frames(error))
+    for module, function, local_vars in frames:
+        if module.startswith("deepspeed.runtime") and function == "load_checkpoint":
+            where = local_vars.get("load_dir")
+            return UserError(f"DeepSpeed checkpoint {where or ''} is damaged or incomplete ({type(error).__name__}: "
+                             f"{_first_line(error)}); delete it and start fresh, or resume from an intact copy")
+    in_init = any(module.startswith("torch.distributed") and function in ("init_process_group", "new_group")
+                  for module, function, _ in frames)
+    missing = re.search(r"doesn't have (\w+) built in", text)
+    if missing:
+        return UserError(f"this PyTorch was built without the {missing.group(1)} backend: leave out --backend "
+                         "(gloo on CPU, nccl on CUDA GPUs) or install a PyTorch that has it")
+    if in_init and "no GPUs found" in text:
+        return UserError("--backend nccl needs CUDA GPUs and this host has none: leave out --backend, or use gloo")
+    if in_init and re.search(r"invalid backend", text, re.IGNORECASE):
+        return UserError(f"PyTorch does not know this backend ({_first_line(error)}): leave out --backend, or use gloo")
+    if isinstance(error, ModuleNotFoundError) and error.name == "oneccl_bindings_for_pytorch":
+        return UserError("the ccl backend needs oneCCL's bindings (oneccl_bindings_for_pytorch), which are not "
+                         "installed: load Aurora's frameworks module, or use --backend gloo")
+    return None
+
+
+def _place() -> tuple[int, int]:
+    """(rank, world size) from the launcher's variables; (0, 1) when they cannot be read."""
+    from scaledl.launch_env import detect
+
+    try:
+        info = detect()
+    except Exception:  # noqa: BLE001  a half-set environment is itself the error being reported
+        return 0, 1
+    return info.rank, info.world_size
+
+
+def _leave_for_launcher(rank: int, code: int, line: str) -> None:
+    """Tell the launcher wrapper (run_launcher) this rank's status and line."""
+    folder = os.environ.get(ERROR_DIR_VAR)
+    if not folder or not os.path.isdir(folder):
+        return
+    try:
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "code": code, "line": line}, f)
+    except OSError:
+        pass
+
+
+def _report(prog: str, message: str, code: int, every_rank: bool = False) -> int:
+    rank, world_size = _place()
+    line = f"{prog}: error: {message}"
+    if rank == 0 or every_rank:
+        print(line, file=sys.stderr, flush=True)
+    _leave_for_launcher(rank, code, line)
+    return code
+
+
+def interrupted_line(prog: str, signum: int | None = None) -> str:
+    """`prog: stopped by SIGTERM (rank 1 of 2)`; with no signum, "{signal}" stands for its name."""
+    rank, world_size = _place()
+    where = f" (rank {rank} of {world_size})" if world_size > 1 else ""
+    return f"{prog}: stopped by {signals.signal_name(signum) if signum else '{signal}'}{where}"
+
+
+def _interrupted(prog: str, signum: int | None) -> int:
+    signum = signum or signals.received or 2
+    signals.run_cleanups()
+    if not signals.reported:
+        signals.reported = True
+        try:
+            print(interrupted_line(prog, signum), file=sys.stderr, flush=True)
+        except OSError:
+            pass  # the terminal went away with the launcher
+    return signals.exit_status(signum)
+
+
+class _UsageExit(Exception):
+    """argparse's error exit inside a command, caught so that only the main rank prints it."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _raise_usage_exit(parser, status=0, message=None):
+    if status and message:
+        raise _UsageExit(status, message.strip())
+    _argparse_exit(parser, status, message)
+
+
+_argparse_exit = argparse.ArgumentParser.exit
+
+
+def _release_deepspeed_buffers() -> None:
+    """DeepSpeed's /dev/shm all-reduce buffers this rank mapped (they outlive every process otherwise)."""
+    for path in signals.mapped_shared_memory():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def exits_cleanly(main):
     """Wrap a command's main(argv): a UserError becomes `prog: error: message` and exit 2;
-    a RunError or a collective that lost its peer becomes one line and exit 1."""
+    a RunError or a collective that lost its peer becomes one line and exit 1; SIGINT, SIGTERM
+    and SIGHUP become one line `prog: stopped by SIGTERM` and exit 128 + the signal."""
 
     @functools.wraps(main)
     def wrapper(argv=None):
         spec = getattr(sys.modules.get(main.__module__), "__spec__", None)  # the -m name when run with -m
         prog = spec.name if spec else sys.argv[0]
+        signals.install(interrupted_line(prog))
+        signals.at_interrupt(_release_deepspeed_buffers)
+        # A flag error is a user error too: every rank parses the same flags, one prints.
+        argparse.ArgumentParser.exit = _raise_usage_exit
         try:
             return main(argv)
+        except _UsageExit as usage:
+            rank, _ = _place()
+            if rank == 0:
+                print(usage, file=sys.stderr, flush=True)
+            _leave_for_launcher(rank, usage.status, str(usage))
+            return usage.status
+        except signals.Interrupted as interrupt:
+            return _interrupted(prog, interrupt.signum)
+        except KeyboardInterrupt:
+            return _interrupted(prog, 2)
         except UserError as error:
-            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-            return 2
+            if signals.received:
+                return _interrupted(prog, None)
+            return _report(prog, str(error), 2)
         except RunError as error:
-            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-            return 1
+            if signals.received:
+                return _interrupted(prog, None)
+            return _report(prog, str(error), 1, every_rank=True)
         except Exception as error:
+            if signals.received:
+                # Peers stopped by the same signal make this rank's collectives fail: not news.
+                return _interrupted(prog, None)
+            mapped = as_user_error(error)
+            if mapped is not None:
+                return _report(prog, str(mapped), 2)
             if not _lost_a_peer(error):
                 raise
             text = str(error).strip()
@@ -56,7 +219,8 @@ def exits_cleanly(main):
             else:
                 what = "a collective lost a peer rank (it died or stopped answering)"
             detail = text.splitlines()[0][:200] if text else type(error).__name__
-            print(f"{prog}: error: {what}; check the other ranks' output ({detail})", file=sys.stderr, flush=True)
-            return 1
+            return _report(prog, f"{what}; check the other ranks' output ({detail})", 1, every_rank=True)
+        finally:
+            argparse.ArgumentParser.exit = _argparse_exit
 
     return wrapper

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from scaledl.errors import UserError
 from scaledl.ladder import RUNGS
 
 SCHEDULERS = ("polaris", "aurora", "slurm")
@@ -25,6 +27,27 @@ PIPELINE_RANKS = 2  # the pipeline rung splits the model over exactly 2 ranks
 RUNG_NODES = 2  # multi-node from the start: the debug queues take 1 or 2 nodes
 SWEEP_NODES = 8
 SWEEP_RUNG = "ddp"
+# What a scheduler accepts as an account (PBS -A, sbatch --account): letters, digits, _ . -.
+# Anything else, a newline above all, would become part of the script and run with the job.
+PROJECT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_GPUS_PER_NODE = 16
+
+
+class JobsError(UserError, ValueError):
+    """A value that cannot go into a job script."""
+
+
+def check_project(project: str) -> str:
+    if not PROJECT_PATTERN.fullmatch(project):
+        raise JobsError(f"--project {project!r} is not an allocation name: use letters, digits, '_', '.' and '-' "
+                        "(at most 64), as in your scheduler's account")
+    return project
+
+
+def check_gpus_per_node(count: int) -> int:
+    if not 1 <= count <= MAX_GPUS_PER_NODE:
+        raise JobsError(f"--slurm-gpus-per-node must be between 1 and {MAX_GPUS_PER_NODE}, got {count}")
+    return count
 
 
 @dataclass(frozen=True)
@@ -97,6 +120,8 @@ def jobs_for(system: str, ranks_per_node: int) -> list[Job]:
 
 
 def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4) -> str:
+    check_project(project)
+    check_gpus_per_node(slurm_gpus_per_node)
     pbs = job.system != "slurm"
     values = {
         "directives": _directives(job, project, slurm_gpus_per_node),
@@ -147,7 +172,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    changed = generate(args.out, args.system, args.project, args.slurm_gpus_per_node, args.check)
+    from scaledl.output_paths import check_dir, describe_os_error
+
+    try:
+        check_project(args.project)
+        check_gpus_per_node(args.slurm_gpus_per_node)
+        if not args.check:
+            check_dir(args.out, "--out")
+        changed = generate(args.out, args.system, args.project, args.slurm_gpus_per_node, args.check)
+    except UserError as error:
+        print(f"scaledl jobs: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"scaledl jobs: error: {describe_os_error(error, error.filename or args.out)}", file=sys.stderr)
+        return 2
     for path in changed:
         print(f"{'out of date' if args.check else 'wrote'}: {path}")
     return 1 if args.check and changed else 0

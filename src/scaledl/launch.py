@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -60,21 +60,35 @@ class LaunchPlan:
         return self.nodes * self.ppn
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def parse_target(words: list[str]) -> Target:
     if words and words[0] == "--":
         words = words[1:]
     if not words:
         raise LaunchError("nothing to launch: put the module or script after --, "
                           "e.g. scaledl launch -n 2 -- scaledl.ladder.ddp --epochs 1")
-    return Target(words[0], tuple(words[1:]))
+    program = words[0]
+    if not (program.endswith(".py") or MODULE_NAME.fullmatch(program)) or any(ord(c) < 32 for c in program):
+        raise LaunchError(f"{program!r} is neither a module (scaledl.ladder.ddp) nor a .py script: "
+                          "put the module or script right after --")
+    return Target(program, tuple(words[1:]))
 
 
 def parse_env_overrides(pairs: list[str]) -> dict[str, str]:
+    """--env NAME=VALUE pairs, each checked so that `export NAME=VALUE` is one valid shell line."""
     overrides = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise LaunchError(f"--env {pair!r}: expected NAME=VALUE")
+        if not ENV_NAME.fullmatch(name):
+            raise LaunchError(f"--env {pair!r}: {name!r} is not a variable name (letters, digits and _, "
+                              "not starting with a digit)")
+        if any(ord(c) < 32 and c != "\t" for c in value):
+            raise LaunchError(f"--env {pair!r}: the value holds a newline or another control character")
         overrides[name] = value
     return overrides
 
@@ -214,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{PROG}: {shlex.join(plan.command)}", file=sys.stderr, flush=True)
     try:
-        return subprocess.run(plan.command, env={**os.environ, **plan.env}).returncode
+        # Signals reach every rank, and a rank's one-line error comes last with its status.
+        return launchers.run_launcher(plan.command, {**os.environ, **plan.env})
     except FileNotFoundError:
         print(f"{PROG}: error: {plan.command[0]} not found: load the system's MPI or Slurm module, "
               "or check `scaledl doctor`", file=sys.stderr)

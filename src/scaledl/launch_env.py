@@ -169,13 +169,45 @@ def job_port(env: Mapping[str, str]) -> int:
     return DEFAULT_PORT + int(digits.group()) % 10000 if digits else DEFAULT_PORT
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})")
+
+
+def read_nodefile(path: str) -> list[str]:
+    """The host names in a PBS node file (one per line, repeated per rank slot), checked.
+
+    A node file is written by PBS, but users point PBS_NODEFILE at their own to run on part of
+    a job: an empty or binary file, a directory, or a line that is not a host name gets one
+    line that names the file and the line."""
+    where = f"PBS_NODEFILE={path}"
+    file = Path(path)
+    if not file.exists():
+        raise LaunchError(f"{where} does not exist: run inside a PBS job, or point PBS_NODEFILE at a file of host names")
+    if not file.is_file():
+        raise LaunchError(f"{where} is not a file: point PBS_NODEFILE at a file of host names, one per line")
+    try:
+        text = file.read_bytes().decode("ascii")
+    except OSError as error:
+        raise LaunchError(f"{where} cannot be read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise LaunchError(f"{where} is not a text file of host names") from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not HOST_NAME.fullmatch(line):
+            raise LaunchError(f"{where} line {number}: {line[:60]!r} is not a host name (one host per line)")
+        hosts.append(line)
+    if not hosts:
+        raise LaunchError(f"{where} names no host: point it at the job's node file")
+    return hosts
+
+
 def first_node(env: Mapping[str, str]) -> str | None:
     """The first host of a PBS or Slurm allocation (where rank 0 runs), or None."""
     nodefile = env.get("PBS_NODEFILE")
-    if nodefile and Path(nodefile).is_file():
-        hosts = Path(nodefile).read_text().split()
-        if hosts:
-            return high_speed_name(hosts[0])
+    if nodefile:
+        return high_speed_name(read_nodefile(nodefile)[0])
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if nodelist:
         return expand_slurm_nodelist(nodelist)[0]

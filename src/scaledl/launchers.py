@@ -5,11 +5,22 @@ builders are for the demo, the tests and the notebooks, which start rungs on thi
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
+from scaledl.errors import ERROR_DIR_VAR
 from scaledl.launch_env import free_port
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 15.0  # after forwarding a signal, how long the launcher gets before its group is killed
 
 
 def local_env(nproc: int, base: dict | None = None) -> dict:
@@ -75,3 +86,118 @@ def for_launcher(launcher: str, nproc: int, module: str, args=()) -> list[str]:
     if launcher not in builders:
         raise ValueError(f"unknown launcher {launcher!r}: use python, {', '.join(builders)}")
     return builders[launcher](nproc, module, args)
+
+
+def run_launcher(command: list[str], env: dict | None = None, **popen) -> int:
+    """Run a launcher command to its end the way `scaledl launch` does, and return its exit status.
+
+    - The launcher runs in a process group of its own; SIGINT, SIGTERM and SIGHUP sent to this
+      process go to that whole group, and this process waits for it (then kills what is left),
+      so a scheduler's or a wrapper's signal ends every rank instead of orphaning them.
+    - The ranks' one-line errors (`scaledl.errors`) arrive after everything the launcher
+      printed around them (its own tracebacks, its failure summary): the line of the lowest
+      rank that failed with a user error is printed again last, and its status (2) is
+      returned instead of the launcher's (1).
+
+    - Once a signal was forwarded, the launcher's own traceback about it (torchrun prints one
+      per signal) is left out: each rank says in one line that it stopped.
+
+    `popen` goes to subprocess.Popen (stdout=, stderr=, cwd=), so the demo can log to a file.
+    """
+    env = dict(os.environ if env is None else env)
+    relay = "stderr" not in popen
+    with tempfile.TemporaryDirectory(prefix="scaledl-errors-") as error_dir:
+        env[ERROR_DIR_VAR] = error_dir
+        process = subprocess.Popen(command, env=env, start_new_session=True,
+                                   **({"stderr": subprocess.PIPE} if relay else {}), **popen)
+        signalled: list[int] = []
+        if relay:
+            relay_thread = threading.Thread(target=_relay, args=(process.stderr, signalled), daemon=True)
+            relay_thread.start()
+
+        def forward(signum, frame):
+            signalled.append(signum)
+            _signal_group(process.pid, signum)
+
+        previous = {}
+        for signum in FORWARDED:
+            try:
+                previous[signum] = signal.signal(signum, forward)
+            except ValueError:  # not the main thread: the caller handles signals
+                break
+        try:
+            code = _wait(process, signalled)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            _signal_group(process.pid, signal.SIGKILL)  # whatever the launcher left behind in its group
+            if relay:
+                relay_thread.join(timeout=5)
+        failed = _rank_errors(Path(error_dir))
+    if signalled:
+        return 128 + signalled[0]
+    if code != 0 and failed:
+        print(failed["line"], file=_where_errors_go(popen), flush=True)
+        return failed["code"]
+    return code
+
+
+def _relay(stream, signalled: list[int]) -> None:
+    """Copy the launcher's stderr to ours line by line; after a signal, without Python tracebacks."""
+    skipping = False
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        if signalled:
+            if line.startswith("Traceback (most recent call last)"):
+                skipping = True
+                continue
+            if skipping:
+                # A traceback's frames are indented; its last line (the exception) is not.
+                skipping = line[:1].isspace()
+                continue
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    stream.close()
+
+
+def _where_errors_go(popen: dict):
+    """The launcher's stderr when the caller redirected it to a file (the demo's log), else ours."""
+    for stream in (popen.get("stderr"), popen.get("stdout") if popen.get("stderr") == subprocess.STDOUT else None):
+        if hasattr(stream, "write"):
+            return stream
+    return sys.stderr
+
+
+def _wait(process: subprocess.Popen, signalled: list[int]) -> int:
+    """Wait for the launcher; once a signal was forwarded, kill its group after STOP_GRACE_S."""
+    deadline = None
+    while True:
+        try:
+            return process.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        if signalled and deadline is None:
+            deadline = time.monotonic() + STOP_GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
+            _signal_group(process.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _rank_errors(folder: Path) -> dict | None:
+    """The error the ranks left (`scaledl.errors`): a user error (status 2) before others, lowest rank first."""
+    records = []
+    for path in folder.glob("rank*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    records = [r for r in records if isinstance(r, dict) and {"rank", "code", "line"} <= set(r)]
+    if not records:
+        return None
+    return min(records, key=lambda r: (r["code"] != 2, r["rank"]))

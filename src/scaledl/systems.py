@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
-from scaledl.launch_env import LaunchError
+from scaledl.launch_env import LaunchError, read_nodefile
 
 POLARIS_NCCL_DOCS = "ALCF user guide, Polaris > Data Science > NCCL (docs.alcf.anl.gov/polaris)"
 AURORA_CCL_DOCS = "ALCF user guide, Aurora > Data Science > oneCCL (docs.alcf.anl.gov/aurora)"
@@ -120,11 +119,11 @@ def detect_system(env: Mapping[str, str], hostname: str | None = None) -> tuple[
 
 
 def node_list(env: Mapping[str, str]) -> list[str]:
-    """Host names of the PBS job (one per node), [] outside a job."""
+    """Host names of the PBS job (one per node), [] outside a job; a bad node file is a LaunchError."""
     nodefile = env.get("PBS_NODEFILE")
-    if not nodefile or not Path(nodefile).is_file():
+    if not nodefile:
         return []
-    return list(dict.fromkeys(Path(nodefile).read_text().split()))
+    return list(dict.fromkeys(read_nodefile(nodefile)))
 
 
 def slurm_nodes(env: Mapping[str, str]) -> int | None:
