@@ -81,6 +81,9 @@ PY
         [ -e "$work/nccl/lib/libnccl.so" ] ||
             ln -s "$(ls "$nccl"/lib/libnccl.so.* | head -1)" "$work/nccl/lib/libnccl.so"
         export HOROVOD_NCCL_HOME="$work/nccl" HOROVOD_NCCL_LINK=SHARED
+        # torch loads that libnccl itself, TensorFlow does not: Horovod's libraries find it beside
+        # them in site-packages (horovod/<framework>/ -> nvidia/nccl/lib).
+        echo 'set(CMAKE_BUILD_RPATH "$ORIGIN/../../nvidia/nccl/lib")' >> "$work/toolchain.cmake"
     fi
 else
     # A CPU torch build: keep Horovod from switching its CUDA code on because nvcc is installed.
