@@ -85,6 +85,16 @@ PY
         # them in site-packages (horovod/<framework>/ -> nvidia/nccl/lib).
         echo 'set(CMAKE_BUILD_RPATH "$ORIGIN/../../nvidia/nccl/lib")' >> "$work/toolchain.cmake"
     fi
+    if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ] && [ $has_tf = 1 ] &&
+       [ "$("$python" -c 'import tensorflow as tf; print(tf.test.is_built_with_cuda())' 2>/dev/null)" != True ]; then
+        # Horovod's NCCL build of its TensorFlow part calls TensorFlow's GPU kernels, which
+        # tensorflow-cpu lacks (the library would not load): leave that part out rather than break it.
+        echo "note: this TensorFlow has no GPU kernels (tensorflow-cpu): Horovod is built without its TensorFlow" \
+             "part; install TensorFlow with GPU support to run horovod_tf on the GPUs" >&2
+        has_tf=0
+        unset HOROVOD_WITH_TENSORFLOW
+        export HOROVOD_WITHOUT_TENSORFLOW=1
+    fi
 else
     # A CPU torch build: keep Horovod from switching its CUDA code on because nvcc is installed.
     unset HOROVOD_GPU_OPERATIONS HOROVOD_CUDA_HOME CUDA_HOME
