@@ -20,7 +20,7 @@ $(VENV)/.ready: pyproject.toml constraints.txt tools/setup.sh tools/setup_site.s
 	touch $@
 
 demo: setup
-	$(BIN)/scaledl demo --out-dir runs/demo
+	$(BIN)/scaledl demo --out-dir runs/demo --overwrite
 
 # Notebooks run top to bottom on real kernels and real ranks; a failing cell fails the build.
 test: setup

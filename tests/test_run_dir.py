@@ -33,14 +33,17 @@ def test_a_directory_with_a_run_is_refused_unless_resumed_or_overwritten(tmp_pat
     assert not (tmp_path / "metrics.jsonl").exists() and (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_only_the_main_rank_judges_and_a_torchrun_restart_resumes(tmp_path):
+def test_only_the_main_rank_judges_and_a_torchrun_restart_recovers(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("mine")
     assert run_dir.claim(tmp_path, resume=False, overwrite=False, is_main=False) is False
     restart = {"TORCHELASTIC_RESTART_COUNT": "1"}
-    with pytest.raises(OutDirError):  # a restart with nothing to resume from is a second run
-        run_dir.claim(tmp_path, resume=False, overwrite=False, is_main=True, env=restart)
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     assert run_dir.claim(tmp_path, resume=False, overwrite=False, is_main=True, env=restart) is True
+    (tmp_path / "checkpoint.pt").unlink()
+    # Died before its first checkpoint: the restart starts the run again over the failed attempt's files.
+    assert run_dir.claim(tmp_path, resume=False, overwrite=False, is_main=True, env=restart) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_an_out_dir_that_is_a_file_is_refused(tmp_path):

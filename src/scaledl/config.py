@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 
-from scaledl import launch_env, run_dir
 from scaledl.errors import UserError
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic")
@@ -29,7 +29,8 @@ class Config:
     num_epochs: int = field(default=3, metadata={"flag": "--epochs", "help": "passes over the training set"})
     batch_size: int = field(default=64, metadata={
         "flag": "--batch-size", "help": "micro batch per rank; the global batch is this times world_size"})
-    lr: float = field(default=0.03, metadata={"flag": "--lr", "help": "learning rate for a global batch of --base-batch-size"})
+    lr: float = field(default=0.03, metadata={
+        "flag": "--lr", "help": "learning rate for a global batch of --base-batch-size"})
     base_batch_size: int = field(default=64, metadata={
         "flag": "--base-batch-size", "help": "global batch that --lr is tuned for (with --scale-lr)"})
     scale_lr: bool = field(default=True, metadata={
@@ -46,24 +47,41 @@ class Config:
         "flag": "--data-dir", "help": "where staged MNIST / CIFAR-10 files are (default: $SCALEDL_DATA)"})
     train_limit: int | None = field(default=None, metadata={
         "flag": "--train-limit", "help": "use only the first N training samples (quick runs)"})
-    tensorboard: bool = field(default=False, metadata={"flag": "--tensorboard", "help": "also write TensorBoard events to OUT_DIR/tensorboard"})
-    log_interval: int = field(default=20, metadata={"flag": "--log-interval", "help": "steps between metric reductions"})
-    out_dir: str = field(default="runs/latest", metadata={"flag": "--out-dir", "help": "metrics, checkpoints and plots go here"})
+    tensorboard: bool = field(default=False, metadata={
+        "flag": "--tensorboard", "help": "also write TensorBoard events to OUT_DIR/tensorboard"})
+    log_interval: int = field(default=20, metadata={
+        "flag": "--log-interval", "help": "steps between metric reductions"})
+    out_dir: str = field(default="runs/latest", metadata={
+        "flag": "--out-dir", "help": "metrics, checkpoints and plots go here"})
     checkpoint_every: int = field(default=0, metadata={
         "flag": "--checkpoint-every", "help": "save a checkpoint every N steps (0: only at the end)"})
+    keep_checkpoints: int = field(default=1, metadata={
+        "flag": "--keep-checkpoints", "help": "how many checkpoints to keep in OUT_DIR (the newest)"})
     resume: bool = field(default=False, metadata={"flag": "--resume", "help": "continue from OUT_DIR/checkpoint.pt"})
     overwrite: bool = field(default=False, metadata={
         "flag": "--overwrite", "help": "replace the run already in OUT_DIR (default: refuse)"})
     on_nonfinite: str = field(default="stop", metadata={
         "flag": "--on-nonfinite", "help": "when gradients become NaN/inf: stop the run, or skip the step",
         "choices": ("stop", "skip")})
-    max_steps: int | None = field(default=None, metadata={"flag": "--max-steps", "help": "stop after N optimizer steps"})
-    device: str | None = field(default=None, metadata={"flag": "--device", "help": "cuda, xpu, mps or cpu (default: picked per rank)"})
-    backend: str | None = field(default=None, metadata={"flag": "--backend", "help": "nccl, xccl, ccl, gloo or mpi (default: picked from the device)"})
-    timeout: float = field(default=300.0, metadata={"flag": "--timeout", "help": "seconds a collective may wait for a peer"})
+    max_steps: int | None = field(default=None, metadata={
+        "flag": "--max-steps", "help": "stop after N optimizer steps"})
+    device: str | None = field(default=None, metadata={
+        "flag": "--device", "help": "cuda, xpu, mps or cpu (default: picked per rank)"})
+    backend: str | None = field(default=None, metadata={
+        "flag": "--backend", "help": "nccl, xccl, ccl, gloo or mpi (default: picked from the device)"})
+    timeout: float = field(default=300.0, metadata={
+        "flag": "--timeout", "help": "seconds a collective may wait for a peer"})
 
     def __post_init__(self) -> None:
-        positive = ["num_epochs", "batch_size", "base_batch_size", "log_interval", "timeout", "lr"]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.metadata['flag']} must be a finite number, got {value}")
+        if not isinstance(self.out_dir, str) or not self.out_dir.strip():
+            raise ConfigError("--out-dir is empty (an unset variable in a job script?): name a directory")
+        if self.data_dir is not None and not self.data_dir.strip():
+            raise ConfigError("--data-dir is empty (an unset variable in a job script?): name a directory")
+        positive = ["num_epochs", "batch_size", "base_batch_size", "log_interval", "timeout", "lr", "keep_checkpoints"]
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{flag_of(name)} must be > 0, got {getattr(self, name)}")
@@ -101,11 +119,15 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
-    """Flags for every Config field; a rung adds its own flags to the parser it gets back."""
+def build_parser(prog: str | None = None, description: str | None = None,
+                 without: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """Flags for every Config field but those in `without` (fields a rung does not honour: it
+    refuses them rather than ignoring them); a rung adds its own flags to the parser it gets back."""
     parser = OneLineParser(prog=prog, description=description,
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
+        if f.name in without:
+            continue
         kwargs = {"dest": f.name, "default": f.default, "help": f.metadata["help"]}
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
@@ -121,23 +143,17 @@ def build_parser(prog: str | None = None, description: str | None = None) -> arg
 
 
 def config_from_args(parser: argparse.ArgumentParser, argv=None) -> tuple[Config, argparse.Namespace]:
-    """Parse argv; return the Config and the namespace (which also holds the rung's own flags)."""
+    """Parse argv; return the Config and the namespace (which also holds the rung's own flags).
+
+    Parsing only checks values: it creates, claims or deletes nothing (the run does that when
+    it starts, see scaledl.run_dir)."""
     args = parser.parse_args(argv)
     names = {f.name for f in dataclasses.fields(Config)}
     try:
         config = Config(**{k: v for k, v in vars(args).items() if k in names})
-        config.resume = run_dir.claim(config.out_dir, config.resume, config.overwrite, _is_main_rank())
-    except (ConfigError, run_dir.OutDirError) as error:
+    except ConfigError as error:
         parser.error(str(error))
     return config, args
-
-
-def _is_main_rank() -> bool:
-    """Rank 0 checks the output directory before any rank writes to it."""
-    try:
-        return launch_env.detect().rank == 0
-    except launch_env.LaunchError:
-        return False  # setup() reports the broken environment itself
 
 
 def parse_args(argv=None, prog: str | None = None) -> Config:

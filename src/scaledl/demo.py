@@ -11,20 +11,32 @@ import subprocess
 import time
 from pathlib import Path
 
-from scaledl import launchers
+from scaledl import devices, launchers
+from scaledl.errors import UserError
 from scaledl.ladder import RUNGS
 
 COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "peak_memory_mb", "ok")
 
 
-def local_device_count() -> int:
-    import torch
+class OutDirError(UserError):
+    pass
 
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.xpu.device_count()
-    return 2
+
+def local_device_count() -> int:
+    """One rank per GPU on a GPU node, else 2 CPU ranks."""
+    return devices.device_count() or 2
+
+
+def claim(out: Path, rungs, overwrite: bool) -> None:
+    """Refuse an --out-dir that holds a demo unless asked to replace it; check that it can be written."""
+    held = [out / "demo.json", *(out / rung for rung in rungs if (out / rung).exists())]
+    if not overwrite and any(path.exists() for path in held):
+        raise OutDirError(f"--out-dir {out} already holds a demo: pass --overwrite to replace it, or name another "
+                          "--out-dir")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutDirError(f"cannot create --out-dir {out}: {error.strerror or error}") from None
 
 
 def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: float = 900) -> dict:
@@ -66,28 +78,34 @@ def format_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Throughput, accuracy and the state each rank holds, one bar per rung, names on the left."""
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's backend and figures alone
 
     done = [r for r in rows if r["ok"]]
-    fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
-    names = [f"{r['rung']}\n(x{r['world_size']})" for r in done]
-    ax_speed.bar(names, [r["samples_per_s"] for r in done])
-    ax_speed.set(ylabel="samples/s (all ranks)")
-    ax_acc.bar(names, [r["test_accuracy"] for r in done])
-    ax_acc.set(ylabel="test accuracy", ylim=(0.8, 1.0))
-    for ax in (ax_speed, ax_acc):
-        ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    names = [f"{r['rung']} (x{r['world_size']})" for r in done]
+    fig = Figure(figsize=(12, 0.45 * len(done) + 1.6), layout="constrained")
+    panels = fig.subplots(1, 3, sharey=True)
+    values = [[r["samples_per_s"] for r in done], [r["test_accuracy"] for r in done],
+              [(r.get("state_bytes_per_rank") or 0) / 2**20 for r in done]]
+    labels = ["samples/s (all ranks)", "test accuracy", "model state per rank, MB\n(params, grads, optimizer)"]
+    for ax, value, label in zip(panels, values, labels):
+        bars = ax.barh(names, value, color="tab:blue")
+        ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=2)
+        ax.set_xlabel(label)
+        ax.grid(axis="x", alpha=0.3)
+        ax.margins(x=0.2)
+    panels[0].invert_yaxis()  # the ladder reads top to bottom
+    accuracy = [v for v in values[1] if v]
+    if accuracy:
+        panels[1].set_xlim(max(0.0, min(accuracy) - 0.05), 1.0)
+    fig.suptitle("scaledl demo: every rung on the embedded MNIST")
+    fig.savefig(path, dpi=110)
 
 
-def main(out_dir: str = "runs/demo", rungs=None, nproc: int | None = None, extra_args=()) -> list[dict]:
+def main(out_dir: str = "runs/demo", rungs=None, nproc: int | None = None, extra_args=(),
+         overwrite: bool = False) -> list[dict]:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    claim(out, rungs or RUNGS, overwrite)
     nproc = nproc or local_device_count()
     rows = []
     for rung in rungs or RUNGS:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaledl import errors
+from scaledl.devices import BACKENDS, pick_backend, pick_device  # noqa: F401  (re-exported)
 from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, job_port
 
-BACKENDS = ("nccl", "xccl", "ccl", "gloo", "mpi")
 MPI_LAUNCHERS = ("openmpi", "mpich", "pals", "slurm")
 _WORKER_DRAIN_S = 0.2
 
@@ -45,54 +45,6 @@ class Distributed:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def pick_device(local_rank: int, name: str | None = None):
-    """CUDA or XPU device by local rank, else MPS, else CPU; `name` ("cuda", "cpu", "xpu:1") overrides."""
-    import torch
-
-    if name:
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            raise LaunchError(f"unknown device {name!r}: use cuda, xpu, mps or cpu") from None
-        available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                     "xpu": hasattr(torch, "xpu") and torch.xpu.is_available(),
-                     "mps": torch.backends.mps.is_available()}
-        if not available.get(device.type, False):
-            raise LaunchError(f"device {name!r} is not available on {socket.gethostname()}")
-        if device.index is None and device.type in ("cuda", "xpu"):
-            count = getattr(torch, device.type).device_count()
-            device = torch.device(device.type, local_rank % count)
-        return device
-    # Ranks per node may exceed devices per node when a launcher binds one device per rank
-    # (CUDA_VISIBLE_DEVICES / ZE_AFFINITY_MASK): each rank then sees one device, index 0.
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.device("xpu", local_rank % torch.xpu.device_count())
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def pick_backend(device, name: str | None = None) -> str:
-    """nccl for CUDA, xccl for XPU (oneCCL's `ccl` on PyTorch before 2.8), gloo otherwise."""
-    import torch.distributed as dist
-
-    if name:
-        if name not in BACKENDS:
-            raise LaunchError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
-        return name
-    if device.type == "cuda":
-        return "nccl"
-    if device.type == "xpu":
-        if getattr(dist, "is_xccl_available", lambda: False)():
-            return "xccl"
-        import oneccl_bindings_for_pytorch  # noqa: F401  registers the "ccl" backend
-
-        return "ccl"
-    return "gloo"
 
 
 def seed_everything(seed: int) -> None:
@@ -123,54 +75,73 @@ def _mpi_rendezvous(info: LaunchEnv) -> tuple[str, int]:
     return MPI.COMM_WORLD.bcast(mine, root=0)
 
 
+def find_job(env=None) -> LaunchEnv:
+    """This process's rank, local rank, world size and rank 0's address, from whichever launcher
+    started it (torchrun, mpiexec, srun, horovodrun, deepspeed, or none)."""
+    return detect(env)
+
+
+def rendezvous(job: LaunchEnv, timeout_s: float = 600, env=None) -> dict:
+    """The keyword arguments that let `torch.distributed.init_process_group` find rank 0, and
+    its `timeout` (a collective waits at most `timeout_s` for a peer, then fails the job).
+
+    Fills in what the launcher left out: under MPI, rank 0 names its host and a port it found
+    free (broadcast over mpi4py); other launchers that leave the port unset get one derived
+    from the batch job's id.  Exports MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK and WORLD_SIZE,
+    which later libraries (DeepSpeed, user code) read.  Also records `timeout_s` so that a
+    collective that times out can be named in the error.
+    """
+    addr, port = job.master_addr, job.master_port
+    if job.world_size == 1:
+        addr, port = addr or "127.0.0.1", port or free_port()
+    elif port is None or addr is None:
+        if job.launcher in MPI_LAUNCHERS and _mpi4py_available():
+            addr, port = _mpi_rendezvous(job)
+        elif addr is None:
+            raise LaunchError(
+                f"{job.launcher} started {job.world_size} ranks on several nodes without "
+                "MASTER_ADDR: export MASTER_ADDR=<rank 0 host> MASTER_PORT=<port>, or install mpi4py")
+        else:
+            port = job_port(env if env is not None else os.environ)
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(job.rank),
+                      LOCAL_RANK=str(job.local_rank), WORLD_SIZE=str(job.world_size),
+                      LOCAL_WORLD_SIZE=str(job.local_world_size))
+    errors.collective_timeout_s = timeout_s
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _restart_store(addr, port, job.world_size, timeout)
+    return {"timeout": timeout, **({"store": store} if store else {"init_method": f"tcp://{addr}:{port}"})}
+
+
 def setup(device: str | None = None, backend: str | None = None, timeout_s: float = 600,
           seed: int | None = 0, init_process_group: bool = True, env=None) -> Distributed:
     """Find this process's place in the job, pick its device and backend, and join the group.
 
-    `init_process_group=False` only finds rank and device (Horovod and TensorFlow rungs, which
-    have their own communicators).  `timeout_s` bounds every collective: a rank that dies or
-    hangs makes the others fail after that long instead of waiting forever.
+    The rungs write these steps out one by one (find_job, pick_device, pin the device,
+    init_process_group); this is the same in one call for your own scripts and the notebooks.
+    `init_process_group=False` only finds rank and device (Horovod and TensorFlow, which have
+    their own communicators).  `timeout_s` bounds every collective: a rank that dies or hangs
+    makes the others fail after that long instead of waiting forever.
     """
     import torch
     import torch.distributed as dist
 
-    info = detect(env)
-    torch_device = pick_device(info.local_rank, device)
+    job = find_job(env)
+    torch_device = pick_device(device, job.local_rank)
     torch_backend = pick_backend(torch_device, backend)
-    addr, port = info.master_addr, info.master_port
-    if info.world_size == 1:
-        port = port or free_port()
-    elif port is None or addr is None:
-        # Under MPI, rank 0 names its host and a port it found free; other launchers that
-        # leave the port unset get one derived from the batch job's id.
-        if info.launcher in MPI_LAUNCHERS and _mpi4py_available():
-            addr, port = _mpi_rendezvous(info)
-        elif addr is None:
-            raise LaunchError(
-                f"{info.launcher} started {info.world_size} ranks on several nodes without "
-                "MASTER_ADDR: export MASTER_ADDR=<rank 0 host> MASTER_PORT=<port>, or install mpi4py")
-        else:
-            port = job_port(env if env is not None else os.environ)
-    # Later libraries (DeepSpeed, FSDP helpers, user code) read these names.
-    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(info.rank),
-                      LOCAL_RANK=str(info.local_rank), WORLD_SIZE=str(info.world_size),
-                      LOCAL_WORLD_SIZE=str(info.local_world_size))
-    if torch_device.type == "cuda":
-        torch.cuda.set_device(torch_device)
-    elif torch_device.type == "xpu":
-        torch.xpu.set_device(torch_device)
+    if torch_device.index is not None:
+        getattr(torch, torch_device.type).set_device(torch_device)
     if seed is not None:
         seed_everything(seed)
     errors.collective_timeout_s = timeout_s
+    addr, port = job.master_addr, job.master_port
     if init_process_group and not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
-        rendezvous = _restart_store(addr, port, info.world_size, timeout)
+        init = rendezvous(job, timeout_s, env)
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         dist.init_process_group(
-            backend=torch_backend, rank=info.rank, world_size=info.world_size, timeout=timeout,
-            **({"store": rendezvous} if rendezvous else {"init_method": f"tcp://{addr}:{port}"}),
+            backend=torch_backend, rank=job.rank, world_size=job.world_size, **init,
             **({"device_id": torch_device} if torch_device.type == "cuda" else {}))
-    return Distributed(info.rank, info.local_rank, info.world_size, info.local_world_size,
-                       torch_device, torch_backend, info.launcher, addr, port)
+    return Distributed(job.rank, job.local_rank, job.world_size, job.local_world_size,
+                       torch_device, torch_backend, job.launcher, addr, port)
 
 
 def _restart_store(addr: str, port: int, world_size: int, timeout: datetime.timedelta):

@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from scaledl import devices
+
 Gather = Callable[[np.ndarray], np.ndarray]
 
 
@@ -32,19 +34,11 @@ def torch_gather(vector: np.ndarray) -> np.ndarray:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return vector[None, :]
     # gloo gathers on CPU; NCCL and xccl need the tensor on the rank's device.
-    device = "cpu" if dist.get_backend() in ("gloo", "mpi") else _current_device()
+    device = "cpu" if dist.get_backend() in ("gloo", "mpi") else devices.current_device()
     mine = torch.from_numpy(vector).to(device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, mine)
     return torch.stack(parts).cpu().numpy()
-
-
-def _current_device():
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("xpu", torch.xpu.current_device())
 
 
 def summarize(per_rank: np.ndarray) -> dict:
@@ -147,20 +141,16 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def plot_history(path: str | Path, out_png: str | Path | None = None) -> Path:
     """Loss and throughput against step, from a metrics.jsonl file."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's backend and figures alone
 
     logs = [r for r in read_jsonl(path) if r.get("type") == "log"]
     out_png = Path(out_png or Path(path).with_suffix(".png"))
-    fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig = Figure(figsize=(10, 3.5), layout="constrained")
+    ax_loss, ax_speed = fig.subplots(1, 2)
     steps = [r["step"] for r in logs]
     ax_loss.plot(steps, [r["loss"] for r in logs])
     ax_loss.set(xlabel="step", ylabel="training loss", yscale="log")
     ax_speed.plot(steps, [r["samples_per_s"] for r in logs])
     ax_speed.set(xlabel="step", ylabel="samples/s (all ranks)")
-    fig.tight_layout()
     fig.savefig(out_png, dpi=100)
-    plt.close(fig)
     return out_png

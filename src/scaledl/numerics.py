@@ -24,15 +24,19 @@ class NonFiniteError(RunError):
 
 
 class NonFiniteGuard:
-    def __init__(self, policy: str, rank: int, checkpoint_path: str | Path, enabled: bool = True, log=None):
+    def __init__(self, policy: str, rank: int, checkpoint_path: str | Path, enabled: bool = True, log=None,
+                 step=None):
+        """`step()` gives the number of the step being checked, so callers need not pass it."""
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.rank, self.enabled, self.log = policy, rank, enabled, log
+        self._step = step
         self.checkpoint_path = Path(checkpoint_path)
         self.skipped_steps = 0
 
-    def allows_step(self, parameters, loss, step: int) -> bool:
+    def allows_step(self, parameters, loss, step: int | None = None) -> bool:
         """True when the optimizer may step; False to skip this step; raises to stop the run."""
+        step = self._step() if step is None else step
         if not self.enabled:
             return True
         import torch
@@ -43,9 +47,10 @@ class NonFiniteGuard:
             return True
         return self._non_finite(loss, step, "gradients")
 
-    def allows_loss(self, loss, step: int) -> bool:
+    def allows_loss(self, loss, step: int | None = None) -> bool:
         """The same verdict from the loss alone, agreed over all ranks (one tiny all-reduce):
         for engines that keep the averaged gradients to themselves (DeepSpeed's ZeRO)."""
+        step = self._step() if step is None else step
         if not self.enabled:
             return True
         import torch

@@ -39,6 +39,15 @@ def worker_context(num_workers: int, mpi_initialized: bool | None = None) -> str
     return "forkserver" if mpi_initialized else None
 
 
+def torch_train_set(data: Dataset):
+    """The training images (NCHW, normalized) and labels as a TensorDataset, kept in memory."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    x = torch.from_numpy(data.normalized(data.x_train)).permute(0, 3, 1, 2).contiguous()
+    return TensorDataset(x, torch.from_numpy(data.y_train))
+
+
 def torch_train_loader(data: Dataset, batch_size: int, rank: int, world_size: int, seed: int,
                        drop_last: bool = True, num_workers: int = 0):
     """A DataLoader over this rank's shard of the training set (tensors kept in memory).
@@ -46,12 +55,10 @@ def torch_train_loader(data: Dataset, batch_size: int, rank: int, world_size: in
     `loader.sampler.skip_batches(n)` resumes mid-epoch: the sampler's order is a function of
     (seed, epoch), so skipping the batches already trained gives the uninterrupted run's next one.
     """
-    import torch
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    from torch.utils.data import DataLoader, DistributedSampler
 
     check_enough_data(len(data.y_train), batch_size, world_size)
-    x = torch.from_numpy(data.normalized(data.x_train)).permute(0, 3, 1, 2).contiguous()
-    dataset = TensorDataset(x, torch.from_numpy(data.y_train))
+    dataset = torch_train_set(data)
     # DistributedSampler with num_replicas=1 is a seeded shuffle: one code path for every world size.
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=seed, drop_last=drop_last)

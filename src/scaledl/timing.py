@@ -10,13 +10,7 @@ import statistics
 import time
 
 
-def synchronize(device) -> None:
-    """Wait for all work queued on `device` (a torch.device or its type name); no-op on CPU."""
-    kind = getattr(device, "type", device)
-    if kind in ("cuda", "xpu", "mps"):
-        import torch
-
-        getattr(torch, kind).synchronize()
+from scaledl.devices import synchronize  # noqa: E402  (re-exported: the stopwatch's one device call)
 
 
 class Stopwatch:

@@ -1,24 +1,22 @@
 """Two DeepSpeed steps of the ladder's CNN at a ZeRO stage; report the bytes counted from the engine."""
 import sys
-from types import SimpleNamespace
 
-import deepspeed
 import torch
 import torch.nn.functional as F
 
 import scaledl
 from report import report
-from scaledl import distributed, models, zero_memory
-from scaledl.ladder.deepspeed import deepspeed_config
+from scaledl import models, zero_memory
+from scaledl.ladder import deepspeed as deepspeed_rung
 
 stage = int(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))
 dist = scaledl.setup(timeout_s=120)
 config = scaledl.Config(batch_size=8)
 model = models.torch_cnn()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(
-    config, SimpleNamespace(zero_stage=stage, offload_optimizer=False, offload_params=False), dist.world_size))
-distributed.release_deepspeed_shared_memory()
+# The engine exactly as the DeepSpeed rung builds it.
+engine, _, _ = deepspeed_rung.wrap(model, optimizer, None,
+                                   deepspeed_rung.deepspeed_config(config, stage, world_size=dist.world_size))
 x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
 for step in range(2):
     engine.backward(F.cross_entropy(engine(x), y))

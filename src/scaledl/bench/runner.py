@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from scaledl import devices
 from scaledl.bench.common import Options
 
 # Suite name -> module in scaledl.bench, in the order `all` runs them.
@@ -41,7 +42,7 @@ def machine_info() -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if devices.accelerator() == "cuda" else []
     versions = {}
     for package in ("torch", "deepspeed", "horovod"):
         try:
@@ -127,16 +128,12 @@ def markdown(report: dict) -> str:
 
 
 def plot(name: str, data: dict, path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's backend and figures alone
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = plt.figure(figsize=(12 if name == "comm" else 8, 4))
+    fig = Figure(figsize=(12 if name == "comm" else 8, 4))
     importlib.import_module(f"scaledl.bench.{SUITES[name]}").plot(data, fig)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def run_suite(name: str, options: Options) -> dict:

@@ -17,13 +17,9 @@ from scaledl.bench.launch import run_worker
 
 
 def accelerator_count() -> int:
-    import torch
+    from scaledl import devices
 
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.xpu.device_count()
-    return 0
+    return devices.device_count()
 
 
 def pick_model(devices: int) -> str:

@@ -10,7 +10,6 @@ batch is made once on the device: the input pipeline has its own suite (`input`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable
 
 # Variant name -> (ZeRO stage for DeepSpeed variants, offload).  The plain loop is rung 1.
@@ -95,75 +94,75 @@ def _count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# Each variant builds its model the way its rung does, by calling the rung's own `wrap` (and
+# Horovod's `distributed_optimizer`, DeepSpeed's `deepspeed_config`): what is timed here is
+# the wiring a learner reads in the rung, not a copy of it.
 def _plain(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
-    from scaledl import distributed
+    from scaledl import devices
+    from scaledl.ladder import single_torch
 
-    # No distributed.setup(): it exports RANK, MASTER_PORT, ... and the in-process suites
-    # build this variant in the parent, whose environment the launched jobs inherit.
-    device = distributed.pick_device(0)
+    # No process group: the in-process suites build this variant in the parent, whose
+    # environment the launched jobs inherit.
+    device = devices.pick_device()
     model, x, y = model_and_batch(device, micro_batch_size, 0, seed, model_name)
+    model = single_torch.wrap(model, device)
     return Variant(name, 0, 1, device, _torch_step(model, _sgd(model), x, y), _count(model), (x, y))
 
 
 def _ddp(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from scaledl import distributed
+    from scaledl.ladder import ddp
 
     dist = distributed.setup(seed=seed)
     model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    ddp = DDP(model, device_ids=[dist.device] if dist.device.type in ("cuda", "xpu") else None, **options)
-    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(ddp, _sgd(ddp), x, y), _count(model),
-                   (x, y))
+    wrapped = ddp.wrap(model, dist.device, **options)
+    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(wrapped, _sgd(wrapped), x, y),
+                   _count(model), (x, y))
 
 
 def _horovod(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
     import horovod.torch as hvd
 
     from scaledl import distributed
+    from scaledl.ladder import horovod_torch
 
     hvd.init()
     dist = distributed.setup(init_process_group=False, seed=seed)
     model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
-    optimizer = hvd.DistributedOptimizer(_sgd(model), named_parameters=model.named_parameters())
+    model = horovod_torch.wrap(model, dist.device)
+    optimizer = horovod_torch.distributed_optimizer(_sgd(model), model)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return Variant(name, hvd.rank(), hvd.size(), dist.device, _torch_step(model, optimizer, x, y), _count(model),
                    (x, y))
 
 
 def _fsdp(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
-    from torch.distributed.fsdp import fully_shard
-
     from scaledl import distributed
+    from scaledl.ladder import fsdp
 
     dist = distributed.setup(seed=seed)
     model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
     num_params = _count(model)
-    for layer in model.children():  # as the fsdp rung shards it
-        if any(True for _ in layer.parameters()):
-            fully_shard(layer)
-    fully_shard(model)
+    model = fsdp.wrap(model, dist.device)
     return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(model, _sgd(model), x, y), num_params,
                    (x, y))
 
 
 def _deepspeed(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
-    import deepspeed
     import torch.nn.functional as F
 
     from scaledl import Config, distributed
-    from scaledl.ladder.deepspeed import deepspeed_config
+    from scaledl.ladder import deepspeed as deepspeed_rung
 
     stage, offload = DEEPSPEED_VARIANTS[name]
     dist = distributed.setup(seed=seed)
     model, x, y = model_and_batch("cpu", micro_batch_size, dist.rank, seed, model_name)
     x, y = x.to(dist.device), y.to(dist.device)
     num_params = _count(model)
-    flags = SimpleNamespace(zero_stage=stage, offload_optimizer=offload, offload_params=offload)
-    config = deepspeed_config(Config(batch_size=micro_batch_size), flags, dist.world_size)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=_sgd(model), config=config)
-    distributed.release_deepspeed_shared_memory()
+    config = deepspeed_rung.deepspeed_config(Config(batch_size=micro_batch_size), stage, offload, offload,
+                                             dist.world_size)
+    engine, _, _ = deepspeed_rung.wrap(model, _sgd(model), None, config)
 
     def step() -> None:
         engine.backward(F.cross_entropy(engine(x), y))

@@ -2,114 +2,69 @@
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.ddp --epochs 3      # or mpiexec, srun, ...
 
-A diff against `single_torch.py`; every change is marked `# New Code #`.  Each rank trains
-on its own shard of the data; in backward, DDP all-reduces (averages) the gradients bucket
-by bucket while the rest of backward still runs, so every rank takes the same step.
+`diff single_torch.py ddp.py` is what DDP needs (marked `# New Code #`): each rank trains on its shard;
+in backward, DDP averages gradients bucket by bucket while backward runs, so all ranks step alike.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist  # New Code #
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # New Code #
+from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import (checkpoint, config as config_lib, datasets, distributed, models, numerics, precision, report,
-                     schedule, sharding)
+from scaledl import datasets, devices, distributed, harness, models, sharding  # New Code #
 from scaledl.errors import exits_cleanly
-from scaledl.log import get_logger
-from scaledl.metrics import History, torch_gather  # New Code #
 
 RUNG = "ddp"
 
 
-class Trainer:
-    def __init__(self, config: config_lib.Config, dist: distributed.Distributed, data: datasets.Dataset):
-        self.config, self.dist, self.data = config, dist, data
-        self.log = get_logger(dist.rank)
-        self.model = models.for_dataset(data).to(dist.device)
-        # New Code #: DDP broadcasts rank 0's weights now and averages gradients in backward.
-        self.model = DDP(self.model, device_ids=[dist.device] if dist.device.type in ("cuda", "xpu") else None)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
-        self.train_loader = sharding.torch_train_loader(data, config.batch_size, dist.rank, dist.world_size, config.seed)
-        self.scheduler = schedule.torch_scheduler(self.optimizer, config, dist.world_size, self._steps_per_epoch())
-        self.scaler = precision.grad_scaler(dist.device, config.precision)
-        self.checkpoint_path = f"{config.out_dir}/checkpoint.pt"
-        self.guard = numerics.NonFiniteGuard(config.on_nonfinite, dist.rank, self.checkpoint_path,
-                                             enabled=not self.scaler.is_enabled(), log=self.log)
-        self.epoch, self.step = 0, 0
-        if config.resume:
-            state = checkpoint.load(self.checkpoint_path, model=self.model.module, optimizer=self.optimizer,  # New Code #
-                                    scheduler=self.scheduler)
-            self.epoch, self.step = state["epoch"], state["step"]
-            self.train_loader.sampler.skip_batches(self.step - self.epoch * self._steps_per_epoch())
-        self.history = History(config.out_dir, dist.rank, dist.world_size, gather=torch_gather,  # New Code #
-                               config=config.to_dict(),
-                               run_info={"rung": RUNG, "device": str(dist.device)}, resume=config.resume, tensorboard=config.tensorboard)
-
-    def _steps_per_epoch(self) -> int:
-        return len(self.data.y_train) // (self.config.batch_size * self.dist.world_size)
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor):
-        with precision.autocast(self.dist.device, self.config.precision):
-            logits = self.model(x)
-            loss = F.cross_entropy(logits.float(), y)
-        self.optimizer.zero_grad()
-        self.scaler.scale(loss).backward()
-        if self.guard.allows_step(self.model.parameters(), loss, self.step + 1):
-            self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        return loss.detach() * len(y), (logits.argmax(1) == y).sum()
-
-    def train(self) -> None:
-        steps_per_epoch = self._steps_per_epoch()
-        for epoch in range(self.epoch, self.config.num_epochs):
-            self.train_loader.sampler.set_epoch(epoch)
-            for x, y in self.train_loader:
-                x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
-                loss_sum, correct = self.train_step(x, y)
-                self.step += 1
-                self.history.step(loss_sum, correct, len(y))
-                if self.step % self.config.log_interval == 0:
-                    record = self.history.log(self.step, self.step / steps_per_epoch, lr=self.scheduler.get_last_lr()[0])
-                    if record:
-                        self.log.info("epoch %d step %d loss %.4f acc %.3f %.0f samples/s", epoch, self.step,
-                                      record["loss"], record["accuracy"], record["samples_per_s"])
-                if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
-                    self.save(epoch)
-                if self.config.max_steps and self.step >= self.config.max_steps:
-                    return self.save(epoch)
-            self.epoch = epoch + 1
-        self.save(self.epoch)
-
-    def save(self, epoch: int) -> None:
-        checkpoint.save(self.checkpoint_path, model=self.model.module, optimizer=self.optimizer,  # New Code #
-                        scheduler=self.scheduler, epoch=epoch, step=self.step, is_main=self.dist.is_main)
-
-    def evaluate(self) -> tuple[float, float]:
-        return sharding.evaluate_torch(self.model, self.data, self.dist.rank, self.dist.world_size, self.dist.device)
-
-
-def run(config: config_lib.Config) -> dict:
-    dist = distributed.setup(config.device, config.backend, config.timeout, config.seed)  # New Code #
-    try:
-        data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
-        trainer = Trainer(config, dist, data)
-        trainer.train()
-        test_loss, test_accuracy = trainer.evaluate()
-        return report.finish(RUNG, dist.world_size, trainer.history, test_accuracy, config.out_dir,
-                             report.peak_memory_bytes(dist.device), dist.is_main,
-                             state_bytes_per_rank=report.model_state_bytes(trainer.model, trainer.optimizer),
-                             params_in_sync=distributed.params_in_sync(trainer.model))  # New Code #
-    finally:
-        distributed.teardown()  # New Code #
+def wrap(model, device, **options):
+    """The model as this rung trains it (the benchmarks time this same wiring)."""
+    # New Code #: broadcasts rank 0's weights; averages gradients in backward (as views into its buckets: one copy less)
+    return DDP(model, device_ids=None if device.type == "cpu" else [device], gradient_as_bucket_view=True, **options)
 
 
 @exits_cleanly
 def main(argv=None) -> int:
-    config = config_lib.parse_args(argv, prog=f"python -m scaledl.ladder.{RUNG}")
-    run(config)
+    config = harness.parse_args(RUNG, argv)
+    job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
+    device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
+    if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective
+        torch.accelerator.set_device_index(device.index)
+    dist.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank,  # New Code #: nccl/xccl/gloo
+                            world_size=job.world_size, **distributed.rendezvous(job, config.timeout))  # New Code #
+    torch.manual_seed(config.seed)  # the same initial weights in every run
+
+    data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
+    train_set = sharding.torch_train_set(data)
+    sampler = DistributedSampler(train_set, job.world_size, job.rank, seed=config.seed)  # New Code #: 1/world_size each
+    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
+    model = wrap(models.for_dataset(data).to(device), device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    run = harness.TorchRun(RUNG, config, device, model.module, optimizer, loader)  # New Code #: save the plain model
+    if job.rank == 0:  # New Code #: one line for the job, not one per rank
+        print(f"{RUNG}: {len(loader)} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #
+
+    for epoch in run.epochs():  # on --resume, from the checkpoint's epoch
+        sampler.set_epoch(epoch)  # New Code #: a new order every epoch (the same on every rank)
+        for x, y in run.batches(loader):  # on --resume, skips the batches already trained
+            x, y = x.to(device), y.to(device)
+            with run.autocast():  # bf16 or fp16 with --precision
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y)
+            optimizer.zero_grad()
+            run.scaler.scale(loss).backward()  # fp16 scales the loss up so that small gradients survive
+            if run.guard.allows_step(model.parameters(), loss):  # NaN or inf gradients: stop, or skip the step
+                run.scaler.step(optimizer)  # optimizer.step(), with the gradients scaled back
+            run.scaler.update()
+            run.end_step(loss, logits, y)  # lr schedule, metrics, --checkpoint-every
+
+    test_loss, test_accuracy = sharding.evaluate_torch(model, data, job.rank, job.world_size, device)  # New Code #
+    run.finish(test_accuracy)
+    dist.destroy_process_group()  # New Code #
     return 0
 
 
 if __name__ == "__main__":
-    distributed.exit_process(main())
+    harness.exit_process(main())

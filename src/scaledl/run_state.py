@@ -1,0 +1,221 @@
+"""How a run's training state is saved, bounded, checked and loaded, per framework.
+
+A `State` knows how to take a framework's state and give it back: plain PyTorch (a model and an
+optimizer), FSDP2 (whole tensors gathered from the shards), or a DeepSpeed engine (which writes
+its own partitioned checkpoints).  A `Store` puts states on disk under OUT_DIR:
+
+- at most `--keep-checkpoints` of them (older ones are deleted after a newer one is whole);
+- each records what it was written by (rung, world size, data, batch, parameter count), and a
+  resume that does not match is refused before anything is loaded: a DDP checkpoint resumed by
+  FSDP2, or one written by 1 rank resumed by 2, would otherwise train on and fail later, or
+  silently skip data.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from scaledl import checkpoint
+from scaledl.checkpoint import CheckpointError
+
+MATCH = ("rung", "world_size", "dataset", "train_limit", "batch_size", "num_params")
+
+
+class State:
+    """A framework's training state (every rank calls every method: some are collectives)."""
+
+    files = True  # written by rank 0 as one checkpoint.pt (False: the framework writes a directory)
+    saves = True  # False: the rung writes what it keeps itself
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def bytes_per_rank(self) -> int:
+        raise NotImplementedError
+
+    def in_sync(self, comm) -> bool | None:
+        """True when every rank holds the same parameters; None where they should not (pipeline)."""
+        from scaledl import distributed
+
+        if comm.world_size == 1 or comm.all_gather_object is None:
+            return None
+        return len(set(comm.all_gather_object(distributed.params_fingerprint(self.full_model_state())))) == 1
+
+    def full_model_state(self):
+        return self.state_dict()["model"]
+
+
+class TorchState(State):
+    """A plain model and optimizer (for DDP, the model's `.module`)."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_model_state(self):
+        return self.model.state_dict()
+
+    def bytes_per_rank(self) -> int:
+        from scaledl import report
+
+        return report.model_state_bytes(self.model, self.optimizer)
+
+
+class FullState(TorchState):
+    """FSDP2: each rank holds shards; a checkpoint holds whole tensors, gathered on save (a
+    collective) and scattered back to the shards on load, so it also loads into a plain model."""
+
+    def _options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True)
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        return {"model": get_model_state_dict(self.model, options=self._options()),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options())}
+
+    def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        set_model_state_dict(self.model, state["model"], options=self._options())
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=self._options())
+
+    def full_model_state(self):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model, options=self._options())
+
+
+class StageState(TorchState):
+    """A pipeline stage: ranks hold different layers by design, and the rung saves the whole model itself."""
+
+    saves = False
+
+    def in_sync(self, comm) -> None:
+        return None
+
+
+class DeepSpeedState(State):
+    """A DeepSpeed engine: it saves and loads its own (partitioned) checkpoint directory."""
+
+    files = False
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def bytes_per_rank(self) -> int:
+        from scaledl import zero_memory
+
+        return zero_memory.predict_for_engine(self.engine)["total"]
+
+    def in_sync(self, comm) -> bool | None:
+        import deepspeed
+
+        from scaledl import distributed
+
+        if comm.world_size == 1:
+            return None
+        # ZeRO-3 keeps only a partition of each parameter: gather them to compare.
+        parameters = list(self.engine.module.parameters())
+        with deepspeed.zero.GatheredParameters(parameters, enabled=self.engine.zero_optimization_stage() == 3):
+            return distributed.params_in_sync(self.engine.module)
+
+
+class Store:
+    """Checkpoints under OUT_DIR: `checkpoint.pt` (or DeepSpeed's `checkpoint/`), the newest
+    `keep` of them, each with the metadata a resume must match."""
+
+    def __init__(self, out_dir: str, state: State, meta: dict, keep: int, is_main: bool, barrier):
+        self.out_dir, self.state, self.meta, self.keep = Path(out_dir), state, meta, keep
+        self.is_main, self.barrier = is_main, barrier
+        self.path = self.out_dir / ("checkpoint.pt" if state.files else "checkpoint")
+        self.last_step: int | None = None  # the step of the checkpoint now at self.path
+
+    # -- saving ---------------------------------------------------------------------------
+    def save(self, scheduler, epoch: int, step: int) -> None:
+        if not self.state.saves:
+            return
+        if self.state.files:
+            state = self.state.state_dict()  # on every rank: gathering shards is a collective
+            if self.is_main:
+                self._keep_previous()
+                checkpoint.save(self.path, model=state["model"], optimizer=state["optimizer"], scheduler=scheduler,
+                                epoch=epoch, step=step, extra={"meta": self.meta})
+            self.last_step = step
+        else:
+            engine = self.state.engine
+            engine.save_checkpoint(str(self.path), tag=f"global_step{step}",
+                                   client_state={"epoch": epoch, "step": step, "meta": self.meta})
+            self.barrier()  # every rank's partition is written before old ones go
+            if self.is_main:
+                (self.path / "meta.json").write_text(json.dumps(self.meta) + "\n")
+                self._prune(sorted(self.path.glob("global_step*"), key=_step_of)[:-self.keep])
+
+    def _keep_previous(self) -> None:
+        """Before checkpoint.pt is replaced, keep it as checkpoint.stepN.pt if more than one is kept."""
+        if self.keep > 1 and self.path.exists():
+            if self.last_step is None:
+                self.last_step = checkpoint.load(self.path, restore_rng=False)["step"]
+            older = self.out_dir / f"checkpoint.step{self.last_step}.pt"
+            older.unlink(missing_ok=True)
+            older.hardlink_to(self.path)
+        self._prune(sorted(self.out_dir.glob("checkpoint.step*.pt"), key=_step_of)[:-(self.keep - 1) or None])
+
+    @staticmethod
+    def _prune(paths) -> None:
+        for path in paths:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+    # -- loading --------------------------------------------------------------------------
+    def load(self, scheduler) -> dict:
+        """Check the newest checkpoint against this run, then load it; return its epoch and step."""
+        if self.state.files:
+            found = checkpoint.load(self.path, restore_rng=False)
+            self._check(found.get("extra", {}).get("meta"), self.path)
+            self.state.load_state_dict(found)
+            if scheduler is not None and "scheduler" in found:
+                scheduler.load_state_dict(found["scheduler"])
+            checkpoint.set_rng_state(found["rng"])
+            self.last_step = found["step"]
+            return found
+        meta_file = self.path / "meta.json"
+        if not meta_file.is_file():
+            raise CheckpointError(f"no DeepSpeed checkpoint in {self.path}: run without --resume to start fresh")
+        try:
+            meta = json.loads(meta_file.read_text())
+        except ValueError:
+            meta = None
+        self._check(meta, self.path)
+        _, client_state = self.state.engine.load_checkpoint(str(self.path))
+        if client_state is None:
+            raise CheckpointError(f"no DeepSpeed checkpoint in {self.path}: run without --resume to start fresh")
+        return client_state
+
+    def _check(self, meta, where) -> None:
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{where} does not say which run wrote it (written by an older scaledl?): "
+                                  "start fresh with --overwrite, or in another --out-dir")
+        differ = [f"{key} {meta.get(key)!r} (now {self.meta[key]!r})" for key in MATCH
+                  if meta.get(key) != self.meta[key]]
+        if differ:
+            raise CheckpointError(
+                f"{where} was written by another kind of run: {', '.join(differ)}; resume with the same rung, "
+                "number of ranks, data and --batch-size, or start fresh with --overwrite or another --out-dir")
+
+
+def _step_of(path: Path) -> int:
+    found = re.search(r"(\d+)", path.name.rsplit("step", 1)[-1])
+    return int(found.group(1)) if found else -1
