@@ -85,15 +85,20 @@ def plot(rows: list[dict], path: Path) -> None:
     names = [f"{r['rung']} (x{r['world_size']})" for r in done]
     fig = Figure(figsize=(12, 0.45 * len(done) + 1.6), layout="constrained")
     panels = fig.subplots(1, 3, sharey=True)
+    state = [r.get("state_bytes_per_rank") for r in done]
     values = [[r["samples_per_s"] for r in done], [r["test_accuracy"] for r in done],
-              [(r.get("state_bytes_per_rank") or 0) / 2**20 for r in done]]
-    labels = ["samples/s (all ranks)", "test accuracy", "model state per rank, MB\n(params, grads, optimizer)"]
-    for ax, value, label in zip(panels, values, labels):
+              [(v or 0) / 2**20 for v in state]]
+    labels = ["samples/s (all ranks)", "test accuracy", "model state per rank, MiB\n(params, grads, optimizer)"]
+    formats = ["{:.0f}", "{:.3f}", "{:.2f}"]
+    for ax, value, label, fmt in zip(panels, values, labels, formats):
         bars = ax.barh(names, value, color="tab:blue")
-        ax.bar_label(bars, fmt="%.3g", fontsize=8, padding=2)
+        texts = [fmt.format(v) for v in value]
+        if ax is panels[2]:  # TensorFlow rungs do not count their state: say so rather than draw 0
+            texts = [t if v is not None else "not counted" for t, v in zip(texts, state)]
+        ax.bar_label(bars, labels=texts, fontsize=8, padding=2)
         ax.set_xlabel(label)
         ax.grid(axis="x", alpha=0.3)
-        ax.margins(x=0.2)
+        ax.margins(x=0.25)
     panels[0].invert_yaxis()  # the ladder reads top to bottom
     accuracy = [v for v in values[1] if v]
     if accuracy:

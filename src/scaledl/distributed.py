@@ -247,6 +247,8 @@ def exit_process(code: int) -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    if "torch.distributed" in sys.modules:
+        time.sleep(_WORKER_DRAIN_S)  # let lagging collective worker threads let go (see teardown)
     for name in ("horovod.torch", "horovod.tensorflow"):
         if name in sys.modules and sys.modules[name].is_initialized():
             sys.modules[name].shutdown()

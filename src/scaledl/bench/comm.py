@@ -50,14 +50,18 @@ def run(options: Options) -> dict:
             rows.append({"collective": name, "bytes": point["bytes"], "time_us": rounded(t * 1e6),
                          "p90_us": rounded(stats.summary(point["laps"])["p90"] * 1e6),
                          "algbw_GBps": rounded(algbw), "busbw_GBps": rounded(algbw * BUS_FACTOR[name](ranks)),
-                         "model_us": rounded((fits[name]["alpha_s"] + fits[name]["beta_s_per_byte"] * point["bytes"]) * 1e6)})
-    bucket_rows = [{"bucket_cap_mb": b["bucket_cap_mb"], **_step_columns(b["laps"])} for b in measured["ddp_buckets"]]
-    fusion_rows = [{"fusion_threshold_bytes": f["threshold_bytes"], **_step_columns(f["laps"])} for f in fused["fusion"]]
+                         "model_us": rounded((fits[name]["alpha_s"]
+                                              + fits[name]["beta_s_per_byte"] * point["bytes"]) * 1e6)})
+    bucket_rows = [{"bucket_cap_mb": b["bucket_cap_mb"], **_step_columns(b["laps"])}
+                   for b in measured["ddp_buckets"]]
+    fusion_rows = [{"fusion_threshold_bytes": f["threshold_bytes"], **_step_columns(f["laps"])}
+                   for f in fused["fusion"]]
     largest = max((r for r in rows if r["collective"] == "allreduce"), key=lambda r: r["bytes"])
     allreduce = fits["allreduce"]
     model_over_measured = largest["model_us"] / largest["time_us"]
     text = (f"allreduce on {ranks} ranks: busbw {largest['busbw_GBps']:.3g} GB/s at {largest['bytes']} B; "
-            f"alpha-beta fit: alpha {allreduce['alpha_s'] * 1e6:.3g} us, 1/beta {allreduce['bandwidth_Bps'] / 1e9:.3g} GB/s; "
+            f"alpha-beta fit: alpha {allreduce['alpha_s'] * 1e6:.3g} us, "
+            f"1/beta {allreduce['bandwidth_Bps'] / 1e9:.3g} GB/s; "
             f"model/measured time at the largest size = {model_over_measured:.3f}")
     return result("comm", f"Collectives on {ranks} ranks ({measured['backend']}), time per call",
                   ["collective", "bytes", "time_us", "p90_us", "algbw_GBps", "busbw_GBps", "model_us"], rows,
@@ -90,7 +94,8 @@ def plot(data: dict, fig) -> None:
                                    "fusion_threshold_bytes", "Horovod fusion")):
         table = data["tables"][key]
         ax.bar(range(len(table)), [row["step_ms"] for row in table],
-               yerr=[[row["step_ms"] - row["p10_ms"] for row in table], [row["p90_ms"] - row["step_ms"] for row in table]],
+               yerr=[[row["step_ms"] - row["p10_ms"] for row in table],
+                     [row["p90_ms"] - row["step_ms"] for row in table]],
                capsize=3)
         scale, unit = (2**20, "MiB") if label.endswith("bytes") else (1, "MB")
         ax.set_xticks(range(len(table)), [f"{row[label] / scale:g}" for row in table], fontsize=8)

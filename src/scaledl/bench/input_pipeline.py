@@ -64,10 +64,12 @@ def run(options: Options) -> dict:
                      "p10_ms": rounded(summary["p10"] * 1e3), "p90_ms": rounded(summary["p90"] * 1e3),
                      "samples_per_s": rounded(options.micro_batch_size / summary["median"]), "batches": summary["n"]})
     keeps_up = interval["ratio"] >= 1
-    text = (f"loader supply / step demand = {interval['ratio']:.3f} [{interval['ci_low']:.3f}, {interval['ci_high']:.3f}] "
+    text = (f"loader supply / step demand = {interval['ratio']:.3f} "
+            f"[{interval['ci_low']:.3f}, {interval['ci_high']:.3f}] "
             f"({'the loader keeps up' if keeps_up else 'the step waits for data'})")
     return result("input", f"Input pipeline vs the training step, batch {options.micro_batch_size}, "
-                  f"{options.threads} thread(s)", ["stage", "ms_per_batch", "p10_ms", "p90_ms", "samples_per_s", "batches"],
+                  f"{options.threads} thread(s)",
+                  ["stage", "ms_per_batch", "p10_ms", "p90_ms", "samples_per_s", "batches"],
                   rows, headline("loader supply / step demand", interval["ratio"], ">= 1", keeps_up,
                                  (interval["ci_low"], interval["ci_high"]), text=text),
                   laps={"loader": loader_laps, "step": step_laps})

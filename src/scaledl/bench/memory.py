@@ -83,7 +83,8 @@ def run(options: Options) -> dict:
         host = expected["optimizer"] + (expected["params"] if offload else 0)
         rows.append({"variant": name, "stage": stage, "params_B": counted["params"], "grads_B": counted["grads"],
                      "optimizer_B": counted["optimizer"], "counted_B": counted["total"],
-                     "predicted_B": expected["total"], "counted_over_predicted": rounded(counted["total"] / expected["total"]),
+                     "predicted_B": expected["total"],
+                     "counted_over_predicted": rounded(counted["total"] / expected["total"]),
                      "offloaded_to_host_B": host if offload else 0,
                      "paper_mixed_adam_B": zero_memory.predict(num_params, ranks, stage, **MIXED_ADAM)["total"],
                      "deepspeed_estimate_B": estimate})
@@ -91,7 +92,8 @@ def run(options: Options) -> dict:
     zero3 = next(row for row in rows if row["variant"] == "zero3")
     saving = rows[0]["counted_B"] / zero3["counted_B"]
     text = (f"counted/predicted: worst {worst['counted_over_predicted']:.4f} ({worst['variant']}), "
-            f"zero3 {zero3['counted_over_predicted']:.4f}; ZeRO-3 keeps {1 / saving:.3f} of stage 0's bytes on {ranks} ranks")
+            f"zero3 {zero3['counted_over_predicted']:.4f}; "
+            f"ZeRO-3 keeps {1 / saving:.3f} of stage 0's bytes on {ranks} ranks")
     return result("memory", f"ZeRO model states per rank, {num_params:,} parameters on {ranks} ranks (bytes)",
                   ["variant", "stage", "params_B", "grads_B", "optimizer_B", "counted_B", "predicted_B",
                    "counted_over_predicted", "offloaded_to_host_B", "paper_mixed_adam_B", "deepspeed_estimate_B"], rows,

@@ -78,10 +78,12 @@ def run(options: Options) -> dict:
         if round_index + 1 >= min_rounds and stats.converged(interval, 0.005):
             break
     rows = [{"history": name, "step_ms": rounded(stats.summary(values)["median"] * 1e3),
-             "p10_ms": rounded(stats.summary(values)["p10"] * 1e3), "p90_ms": rounded(stats.summary(values)["p90"] * 1e3),
+             "p10_ms": rounded(stats.summary(values)["p10"] * 1e3),
+             "p90_ms": rounded(stats.summary(values)["p90"] * 1e3),
              "blocks": len(values), "steps_per_block": steps} for name, values in (("off", off), ("on", on))]
     met = interval["ratio"] <= TARGET
-    text = (f"history on/off time ratio = {interval['ratio']:.4f} [{interval['ci_low']:.4f}, {interval['ci_high']:.4f}] "
+    text = (f"history on/off time ratio = {interval['ratio']:.4f} "
+            f"[{interval['ci_low']:.4f}, {interval['ci_high']:.4f}] "
             f"(target <= {TARGET}: {'met' if met else 'missed'})")
     return result("metrics", f"Metrics history on vs off (log every {LOG_INTERVAL} steps), mean step time per block",
                   ["history", "step_ms", "p10_ms", "p90_ms", "blocks", "steps_per_block"], rows,

@@ -57,7 +57,8 @@ def run(options: Options) -> dict:
                      "met": interval["ratio"] <= TARGETS[name] if name in TARGETS else None,
                      "timed_steps": summary["n"]})
     parts = [f"{name}/plain {intervals[name]['ratio']:.3f} [{intervals[name]['ci_low']:.3f}, "
-             f"{intervals[name]['ci_high']:.3f}] (<= {target}: {'met' if intervals[name]['ratio'] <= target else 'missed'})"
+             f"{intervals[name]['ci_high']:.3f}] "
+             f"(<= {target}: {'met' if intervals[name]['ratio'] <= target else 'missed'})"
              for name, target in TARGETS.items()]
     ddp = intervals["ddp"]
     return result("overhead", "Framework overhead at world size 1 (time per step over the plain loop)",

@@ -42,7 +42,8 @@ def machine_info() -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if devices.accelerator() == "cuda" else []
+    cuda = devices.accelerator() == "cuda"
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     versions = {}
     for package in ("torch", "deepspeed", "horovod"):
         try:

@@ -50,7 +50,8 @@ def run(options: Options) -> dict:
                      "samples_per_s_n": rounded(ranks * options.micro_batch_size / tn["median"]),
                      "efficiency": rounded(interval["ratio"]), "ci_low": rounded(interval["ci_low"]),
                      "ci_high": rounded(interval["ci_high"]), "rounds": len(per_round),
-                     "launcher": launcher_for(rung, options.quick), "flag": "above 1.0" if interval["ratio"] > 1.0 else ""})
+                     "launcher": launcher_for(rung, options.quick),
+                     "flag": "above 1.0" if interval["ratio"] > 1.0 else ""})
     ddp = next(row for row in rows if row["rung"] == "ddp")
     flagged = [row["rung"] for row in rows if row["flag"]]
     text = (f"ddp weak-scaling efficiency 1 -> {ranks} ranks = {ddp['efficiency']:.3f} "
@@ -70,7 +71,8 @@ def plot(data: dict, fig) -> None:
     rows = data["rows"]
     x = range(len(rows))
     ax.bar(x, [row["efficiency"] for row in rows],
-           yerr=[[row["efficiency"] - row["ci_low"] for row in rows], [row["ci_high"] - row["efficiency"] for row in rows]],
+           yerr=[[row["efficiency"] - row["ci_low"] for row in rows],
+                 [row["ci_high"] - row["efficiency"] for row in rows]],
            capsize=4, color=["tab:red" if row["flag"] else "tab:blue" for row in rows])
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.axhline(TARGET, color="tab:green", ls="--", lw=0.8, label=f"target {TARGET} (ddp)")

@@ -58,5 +58,6 @@ def plot(data: dict, fig) -> None:
     ax.plot(data["images_per_s"], ".")
     row = data["rows"][0]
     ax.axhline(row["images_per_s_per_device"], color="tab:red", label="median")
-    ax.set(xlabel="timed batch", ylabel="images/s per device", title=f"{row['model']} on {row['devices']} {row['device']}")
+    ax.set(xlabel="timed batch", ylabel="images/s per device",
+           title=f"{row['model']} on {row['devices']} {row['device']}")
     ax.legend()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from scaledl.ladder import RUNGS
+
 # Variant name -> (ZeRO stage for DeepSpeed variants, offload).  The plain loop is rung 1.
 DEEPSPEED_VARIANTS = {"deepspeed": (0, False), "zero1": (1, False), "zero2": (2, False), "zero3": (3, False),
                       "zero3_offload": (3, True)}
@@ -20,8 +22,10 @@ VARIANTS = ("plain", "ddp", "horovod", *DEEPSPEED_VARIANTS, "fsdp")
 # rung's own launcher, and one that starts in half the time (horovodrun and deepspeed's
 # launcher import TensorFlow or DeepSpeed themselves before they start the ranks).  The
 # launcher does not change what is timed: the same steps, after warm-up, inside the ranks.
-LAUNCHER = {"plain": "python", "ddp": "torchrun", "horovod": "horovodrun", "fsdp": "torchrun",
-            **{name: "deepspeed" for name in DEEPSPEED_VARIANTS}}
+# The rung each variant times; its launcher comes from the ladder's one table (scaledl.ladder.RUNGS).
+RUNG_OF = {"plain": "single_torch", "ddp": "ddp", "horovod": "horovod_torch", "fsdp": "fsdp",
+           **{name: "deepspeed" for name in DEEPSPEED_VARIANTS}}
+LAUNCHER = {name: RUNGS[rung][1] for name, rung in RUNG_OF.items()}
 QUICK_LAUNCHER = {**{name: "torchrun" for name in LAUNCHER}, "plain": "python", "horovod": "mpirun"}
 
 
