@@ -168,3 +168,12 @@ def test_demo_refuses_an_out_dir_that_holds_a_demo(tmp_path):
                              str(tmp_path), "--rungs", "single_torch"], capture_output=True, text=True, timeout=120)
     one_error_line(result, "already holds a demo", "--overwrite")
     assert os.listdir(tmp_path) == ["demo.json"]
+
+
+def test_a_failing_rung_in_the_demo_shows_its_one_line_error(tmp_path):
+    scaledl = os.path.join(os.path.dirname(sys.executable), "scaledl")
+    result = subprocess.run([scaledl, "demo", "--out-dir", str(tmp_path), "--rungs", "single_torch", "--train-limit",
+                             "10"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    (row,) = json.loads((tmp_path / "demo.json").read_text())
+    assert not row["ok"] and row["error"].startswith("exit 2: ") and "fewer than one --batch-size" in row["error"]

@@ -39,7 +39,7 @@ def claim(out: Path, rungs, overwrite: bool) -> None:
         raise OutDirError(f"cannot create --out-dir {out}: {error.strerror or error}") from None
 
 
-def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: float = 900) -> dict:
+def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=()) -> dict:
     module, launcher, rung_args = RUNGS[rung]
     world_size = 1 if launcher == "python" else nproc
     rung_dir = out_dir / rung
@@ -49,12 +49,10 @@ def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: flo
     rung_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(rung_dir / "output.log", "w") as log:
-        try:
-            result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                    env=launchers.local_env(world_size))
-            returncode = result.returncode
-        except subprocess.TimeoutExpired:
-            returncode = "timeout"
+        # As `scaledl launch` runs it: a Ctrl-C or a scheduler's signal ends every rank, and a
+        # rank's one-line error comes last in the log with its exit status.
+        returncode = launchers.run_launcher(command, env=launchers.local_env(world_size), stdout=log,
+                                            stderr=subprocess.STDOUT)
     summary_path = rung_dir / "summary.json"
     row = {"rung": rung, "world_size": world_size, "samples_per_s": None, "test_accuracy": None,
            "state_bytes_per_rank": None, "ok": False, "seconds": round(time.perf_counter() - started, 1),
@@ -66,7 +64,9 @@ def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), timeout_s: flo
                    peak_memory_mb=round(summary["memory_bytes_per_rank"] / 2**20, 1),
                    ok=True)
     else:
-        row["error"] = f"exit {returncode}; see {rung_dir / 'output.log'}"
+        log_text = (rung_dir / "output.log").read_text(errors="replace")
+        errors = [line.strip() for line in log_text.splitlines() if "error:" in line]
+        row["error"] = f"exit {returncode}: {errors[-1] if errors else 'see ' + str(rung_dir / 'output.log')}"
     return row
 
 
