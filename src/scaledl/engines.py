@@ -87,11 +87,13 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     Returns (cluster, view): `view` runs code on every rank and blocks until all are done, so a
     `%%px` cell shows what each rank printed; `cluster.stop_cluster_sync()` stops them.
     """
+    import logging
+
     import ipyparallel as ipp
 
     how = plan(world_size, system)
     os.environ.update(how.env)  # the engines inherit the notebook's environment
-    cluster = ipp.Cluster(n=how.world_size, engines="mpi")
+    cluster = ipp.Cluster(n=how.world_size, engines="mpi", log_level=logging.WARNING)
     cluster.config.MPILauncher.mpi_cmd = how.mpi_cmd
     cluster.config.MPILauncher.mpi_args = how.mpi_args
     client = cluster.start_and_connect_sync()
@@ -100,6 +102,9 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     except Exception:
         cluster.stop_cluster_sync()
         raise
+    # Stopping MPI engines ends mpiexec with status 1, which ipyparallel reports with every
+    # engine's whole log: from here on only errors.
+    cluster.log.setLevel(logging.ERROR)
     view = client[:]
     view.block = True  # each %%px cell waits for every rank and shows what each printed
     view.activate()  # %%px now runs on these engines

@@ -174,7 +174,7 @@ def ddp_timeline(events_by_rank: list):
 def zero_memory(panels: dict):
     """Bytes per rank at each ZeRO stage, stacked by kind; one panel per case:
     {"title": {stage: {"params": bytes, "grads": bytes, "optimizer": bytes}}}."""
-    fig, axes = _figure(5 * len(panels), 3.6, len(panels))
+    fig, axes = _figure(6 * len(panels), 3.6, len(panels))
     axes = [axes] if len(panels) == 1 else list(axes)
     for ax, (title, stages) in zip(axes, panels.items()):
         names = [f"stage {s}" for s in stages]
