@@ -172,8 +172,3 @@ def test_the_ddp_rung_shows_what_ddp_needs():
                  "device_ids=", ".module", "destroy_process_group()", "rank == 0"):
         assert call in added, call
 
-
-def test_no_line_in_the_package_is_longer_than_120():
-    long = [f"{path.relative_to(ROOT)}:{number}" for path in (ROOT / "src" / "scaledl").rglob("*.py")
-            for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 120]
-    assert not long, long
