@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     demo.add_argument("--out-dir", default="runs/demo")
     demo.add_argument("--rungs", nargs="+", help="only these rungs (default: all)")
     demo.add_argument("-n", "--nproc", type=int, help="processes per multi-process rung (default: devices, or 2)")
+    demo.add_argument("--overwrite", action="store_true", help="replace the demo already in --out-dir")
     exercises = commands.add_parser("exercises", help="generate exercises/ from solutions/")
     exercises.add_argument("--solutions", default="solutions")
     exercises.add_argument("--out", default="exercises")
@@ -40,10 +41,13 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "exercises":
         from scaledl.exercises import MarkerError, generate
+        from scaledl.output_paths import OutputPathError, check_dir
 
         try:
+            if not args.check:
+                check_dir(args.out, "--out")
             changed = generate(args.solutions, args.out, args.check)
-        except MarkerError as error:
+        except (MarkerError, OutputPathError) as error:
             parser.error(str(error))
         for path in changed:
             print(f"{'out of date' if args.check else 'wrote'}: {path}")
@@ -55,7 +59,10 @@ def main(argv=None) -> int:
         unknown = sorted(set(args.rungs or []) - set(RUNGS))
         if unknown:
             parser.error(f"argument --rungs: unknown rung {', '.join(unknown)} (choose from {', '.join(RUNGS)})")
-        rows = demo_lib.main(args.out_dir, args.rungs, args.nproc, rest)
+        try:
+            rows = demo_lib.main(args.out_dir, args.rungs, args.nproc, rest, overwrite=args.overwrite)
+        except demo_lib.OutDirError as error:
+            parser.error(str(error))
         return 0 if all(row["ok"] for row in rows) else 1
     return 2
 

@@ -85,7 +85,7 @@ def as_user_error(error: Exception) -> UserError | None:
                          "(gloo on CPU, nccl on CUDA GPUs) or install a PyTorch that has it")
     if in_init and "no GPUs found" in text:
         return UserError("--backend nccl needs CUDA GPUs and this host has none: leave out --backend, or use gloo")
-    if in_init and re.search(r"invalid backend", text, re.IGNORECASE):
+    if in_init and re.search(r"invalid backend|unknown backend type", text, re.IGNORECASE):
         return UserError(f"PyTorch does not know this backend ({_first_line(error)}): leave out --backend, or use gloo")
     if isinstance(error, ModuleNotFoundError) and error.name == "oneccl_bindings_for_pytorch":
         return UserError("the ccl backend needs oneCCL's bindings (oneccl_bindings_for_pytorch), which are not "

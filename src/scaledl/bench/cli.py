@@ -8,11 +8,18 @@ from pathlib import Path
 SUITE_NAMES = ("overhead", "scaling", "comm", "memory", "input", "metrics", "synthetic")
 
 
+def _path(text: str) -> Path:
+    """Path("") is ".", so an unset variable would write into the working directory: refuse it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?): name a path")
+    return Path(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("suite", choices=[*SUITE_NAMES, "all"], help="which suite to run (all: every one)")
     parser.add_argument("--quick", action="store_true", help="fewer steps, sizes and rounds (a check, not a measurement)")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/bench"), help="JSON, plots and logs go here")
-    parser.add_argument("--markdown", type=Path, help="also render the results as markdown here (e.g. docs/benchmarks.md)")
+    parser.add_argument("--out-dir", type=_path, default=Path("runs/bench"), help="JSON, plots and logs go here")
+    parser.add_argument("--markdown", type=_path, help="also render the results as markdown here (e.g. docs/benchmarks.md)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process, the same for every variant")
     parser.add_argument("--micro-batch-size", type=int, default=32, help="batch per rank")
     parser.add_argument("-n", "--nproc", type=int, help="ranks for multi-rank suites (default: local devices, or 2)")
@@ -25,11 +32,20 @@ def run(args) -> int:
     from scaledl.bench import runner
     from scaledl.bench.common import Options
 
+    from scaledl.output_paths import OutputPathError, check_dir, check_file
+
     for name in ("threads", "micro_batch_size", "nproc", "predict_world_size", "predict_params"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            print(f"error: argument --{name.replace('_', '-')}: must be at least 1", file=sys.stderr)
+            print(f"scaledl bench: error: argument --{name.replace('_', '-')}: must be at least 1", file=sys.stderr)
             return 2
+    try:  # before any suite runs: a path that cannot be written would lose the whole measurement
+        check_dir(args.out_dir, "--out-dir")
+        if args.markdown is not None:
+            check_file(args.markdown, "--markdown")
+    except OutputPathError as error:
+        print(f"scaledl bench: error: {error}", file=sys.stderr)
+        return 2
     options = Options(out_dir=args.out_dir, quick=args.quick, threads=args.threads,
                       micro_batch_size=args.micro_batch_size, nproc=args.nproc,
                       predict_params=int(args.predict_params), predict_world_size=args.predict_world_size)

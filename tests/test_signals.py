@@ -1,0 +1,168 @@
+"""Signals to real launchers end every rank within seconds, one line per rank, and leave nothing behind.
+
+A batch scheduler's walltime SIGTERM, a wrapper that signals its child, Ctrl-C in a terminal,
+a launcher killed with SIGKILL: after each, no rank of the job may keep training, and no
+/dev/shm/deepspeed_* buffer of the job may remain (each is 69 MB of RAM).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import PROBES, tool
+from scaledl import launchers
+
+ARGS = ["--epochs", "30", "--train-limit", "2048", "--log-interval", "5"]
+GONE_WITHIN_S = 15  # the ranks' own grace is 5 s; the rest is slack for a loaded 2-core machine
+pytestmark = pytest.mark.slow
+
+
+def clean_env(nproc: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PBS_", "SLURM_", "PALS_", "PMI_", "OMPI_COMM"))}
+    env = launchers.local_env(nproc, env)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROBES), env.get("PYTHONPATH", "")])
+    return env
+
+
+def processes_of(marker: str) -> list[psutil.Process]:
+    """Every live process whose command line names `marker` (the run's unique --out-dir)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(process.info["cmdline"] or ()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def shm_buffers(port: int | None = None) -> set[str]:
+    names = {p.name for p in Path("/dev/shm").glob("deepspeed_*")}
+    return {n for n in names if port is None or f"_{port}_" in n}
+
+
+def start(command: list[str], out_dir: Path, nproc: int = 2, new_session: bool = False) -> subprocess.Popen:
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(nproc),
+                            start_new_session=new_session)
+
+
+def wait_until_training(out_dir: Path, limit_s: float = 240) -> None:
+    """Until the run has logged a training step (every rank is past its start-up)."""
+    deadline = time.monotonic() + limit_s
+    metrics = out_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.is_file() and '"step"' in metrics.read_text().replace('"type": "config"', ""):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"no training step logged in {out_dir} within {limit_s} s")
+
+
+def assert_all_gone(process: subprocess.Popen, marker: str, sent_at: float) -> tuple[str, str]:
+    """The launcher exits and no process of the run is left, within GONE_WITHIN_S of the signal."""
+    try:
+        stdout, stderr = process.communicate(timeout=GONE_WITHIN_S + 30)
+    except subprocess.TimeoutExpired:
+        for child in processes_of(marker):
+            child.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the launcher did not exit after the signal\n{stderr[-3000:]}")
+    left = processes_of(marker)
+    while left and time.monotonic() - sent_at < GONE_WITHIN_S:
+        time.sleep(0.2)
+        left = processes_of(marker)
+    for child in left:
+        child.kill()
+    assert not left, f"still running {time.monotonic() - sent_at:.0f} s after the signal: " \
+                     f"{[' '.join(p.cmdline()) for p in left]}\n{stderr[-3000:]}"
+    return stdout, stderr
+
+
+def rank_lines(stderr: str, rung: str) -> list[str]:
+    return [line for line in stderr.splitlines() if f"scaledl.ladder.{rung}: stopped by" in line]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_scaledl_launch_ends_every_rank(tmp_path, signum):
+    out_dir = tmp_path / "run"
+    launch = start([tool("scaledl"), "launch", "-n", "2", "--", "scaledl.ladder.ddp", *ARGS, "--out-dir", str(out_dir)],
+                   out_dir)
+    wait_until_training(out_dir)
+    launch.send_signal(signum)
+    sent_at = time.monotonic()
+    _, stderr = assert_all_gone(launch, str(out_dir), sent_at)
+    assert launch.returncode == 128 + signum, stderr[-3000:]
+    lines = rank_lines(stderr, "ddp")
+    name = signal.Signals(signum).name
+    # One line per rank (a rank that the launcher's own SIGTERM reached first may say SIGTERM).
+    assert 1 <= len(lines) <= 2 and all("stopped by SIG" in line for line in lines), stderr[-3000:]
+    assert any(name in line for line in lines) or signum != signal.SIGINT, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_ctrl_c_under_a_bare_torchrun_is_one_line_per_rank(tmp_path):
+    # A terminal's Ctrl-C goes to the foreground process group: torchrun (its ranks run in
+    # sessions of their own and hear it from torchrun).
+    out_dir = tmp_path / "run"
+    torchrun = start(launchers.torchrun(2, "scaledl.ladder.ddp", [*ARGS, "--out-dir", str(out_dir)]), out_dir,
+                     new_session=True)
+    wait_until_training(out_dir)
+    os.killpg(torchrun.pid, signal.SIGINT)
+    _, stderr = assert_all_gone(torchrun, str(out_dir), time.monotonic())
+    lines = rank_lines(stderr, "ddp")
+    assert len(lines) == 2 and {"(rank 0 of 2)" in lines[0] or "(rank 0 of 2)" in lines[1]}, stderr[-3000:]
+    # What is left is torchrun's own report of the signal: no traceback from any rank.
+    assert stderr.count("Traceback") <= 1 and "scaledl/" not in stderr.split("Traceback")[-1], stderr[-3000:]
+
+
+def test_sigterm_to_the_deepspeed_runner_ends_every_rank_and_frees_shared_memory(tmp_path):
+    out_dir = tmp_path / "run"
+    command = launchers.deepspeed(2, "scaledl.ladder.deepspeed", [*ARGS, "--out-dir", str(out_dir)])
+    port = int(next(a for a in command if a.startswith("--master_port=")).split("=")[1])
+    runner = start(command, out_dir)
+    wait_until_training(out_dir)
+    runner.send_signal(signal.SIGTERM)  # the runner alone, as a wrapper or a scheduler would
+    _, stderr = assert_all_gone(runner, str(out_dir), time.monotonic())
+    assert len(rank_lines(stderr, "deepspeed")) <= 2, stderr[-3000:]
+    assert not shm_buffers(port), shm_buffers(port)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_ranks_die_with_a_launcher_killed_outright(tmp_path, launcher):
+    # SIGKILL cannot be forwarded: the ranks must notice their launcher is gone.
+    out_dir = tmp_path / "run"
+    rung = "ddp" if launcher == "torchrun" else "deepspeed"
+    command = launchers.for_launcher(launcher, 2, f"scaledl.ladder.{rung}", [*ARGS, "--out-dir", str(out_dir)])
+    process = start(command, out_dir)
+    wait_until_training(out_dir)
+    process.kill()
+    sent_at = time.monotonic()
+    process.communicate()
+    left = processes_of(str(out_dir))
+    while left and time.monotonic() - sent_at < GONE_WITHIN_S:
+        time.sleep(0.2)
+        left = processes_of(str(out_dir))
+    for child in left:
+        child.kill()
+    assert not left, [" ".join(p.cmdline()) for p in left]
+
+
+def test_an_interrupted_deepspeed_start_leaves_no_shared_memory(tmp_path):
+    # Ctrl-C right after the shared-memory op made its buffers, before training starts.
+    out_dir = tmp_path / "run"
+    command = launchers.deepspeed(2, "scaledl.ladder.deepspeed", [*ARGS, "--out-dir", str(out_dir)])
+    port = int(next(a for a in command if a.startswith("--master_port=")).split("=")[1])
+    runner = start(command, out_dir, new_session=True)
+    deadline = time.monotonic() + 240
+    while not shm_buffers(port) and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.02)
+    assert shm_buffers(port), "DeepSpeed made no shared-memory buffer (the shm_comm op did not start)"
+    time.sleep(1.0)
+    os.killpg(runner.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+    assert_all_gone(runner, str(out_dir), time.monotonic())
+    assert not shm_buffers(port), shm_buffers(port)
