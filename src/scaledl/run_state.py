@@ -146,8 +146,8 @@ class Store:
 
     # -- saving ---------------------------------------------------------------------------
     def save(self, scheduler, epoch: int, step: int) -> None:
-        if not self.state.saves:
-            return
+        if not self.state.saves or step == self.last_step:
+            return  # (the end of training right after a --checkpoint-every save: nothing new)
         if self.state.files:
             state = self.state.state_dict()  # on every rank: gathering shards is a collective
             if self.is_main:
@@ -160,6 +160,7 @@ class Store:
             engine.save_checkpoint(str(self.path), tag=f"global_step{step}",
                                    client_state={"epoch": epoch, "step": step, "meta": self.meta})
             self.barrier()  # every rank's partition is written before old ones go
+            self.last_step = step
             if self.is_main:
                 (self.path / "meta.json").write_text(json.dumps(self.meta) + "\n")
                 self._prune(sorted(self.path.glob("global_step*"), key=_step_of)[:-self.keep])
@@ -202,6 +203,7 @@ class Store:
         _, client_state = self.state.engine.load_checkpoint(str(self.path))
         if client_state is None:
             raise CheckpointError(f"no DeepSpeed checkpoint in {self.path}: run without --resume to start fresh")
+        self.last_step = client_state["step"]
         return client_state
 
     def _check(self, meta, where) -> None:
