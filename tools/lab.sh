@@ -75,9 +75,11 @@ Stop with Ctrl-C.
 
 EOF
 
-# Compute nodes rarely reach the internet: no news feed or update check to wait on. Containers
-# and CI run as root, which Jupyter refuses without being told.
+# Compute nodes rarely reach the internet: no news feed or update check, and no toast asking about
+# them over the first lesson (tools/lab/overrides.json holds the defaults learners start from).
+# Containers and CI run as root, which Jupyter refuses without being told.
 options=(--no-browser --ip=127.0.0.1 --port="$port" --ServerApp.port_retries=0 --ServerApp.root_dir="$root"
-         --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate)
+         --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+         --LabApp.app_settings_dir="$root/tools/lab")
 [ "$(id -u)" -ne 0 ] || options+=(--allow-root)
 exec "$venv/bin/jupyter" lab "${options[@]}" "$@"
