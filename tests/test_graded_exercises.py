@@ -1,6 +1,5 @@
 """Every grader check says FAIL on the untouched exercise (nbval checks it says PASS on the
 solution: those cells' stored outputs are the solution's verdicts)."""
-import os
 
 import nbformat
 import pytest

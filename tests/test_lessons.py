@@ -3,7 +3,6 @@ point to the idea, exercises that fail where they are left, answers to every que
 figures stored with the outputs."""
 import ast
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
