@@ -1,7 +1,6 @@
 """`scaledl demo`: the README's first command, shortened: one row per rung, none failed."""
 import json
 import subprocess
-import sys
 
 import pytest
 

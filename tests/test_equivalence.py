@@ -100,7 +100,8 @@ def keras_weights(path):
 
     with h5py.File(path, "r") as f:
         arrays = {}
-        f.visititems(lambda name, item: arrays.__setitem__(name, np.array(item)) if isinstance(item, h5py.Dataset) else None)
+        f.visititems(lambda name, item: arrays.__setitem__(name, np.array(item))
+                     if isinstance(item, h5py.Dataset) else None)
     return arrays
 
 

@@ -38,7 +38,8 @@ def test_ddp_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher, options", [("horovodrun", []), ("mpirun", ["--fp16-allreduce", "--precision", "bf16"])])
+@pytest.mark.parametrize("launcher, options", [("horovodrun", []),
+                                               ("mpirun", ["--fp16-allreduce", "--precision", "bf16"])])
 def test_horovod_torch_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, options):
     summary = train(launcher, "horovod_torch", tmp_path, *options)
     assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95
@@ -61,7 +62,8 @@ def test_horovod_tf_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, op
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher, options", [("deepspeed", ["--zero-stage", "2"]),
-                                               ("torchrun", ["--zero-stage", "3", "--offload-optimizer", "--offload-params"])])
+                                               ("torchrun", ["--zero-stage", "3", "--offload-optimizer",
+                                                             "--offload-params"])])
 def test_deepspeed_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher, options):
     summary = train(launcher, "deepspeed", tmp_path, *options)
     assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.95

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROBES, ROOT, reports, run, tool
+from conftest import ROOT, reports, run, tool
 from scaledl import launchers
 
 
