@@ -319,8 +319,11 @@ class Notebook:
         assert "Kernel Restarting" not in self.page.content()
 
     def check_widgets_render(self, outputs: list[str]) -> None:
+        """Starting the ranks shows a progress bar: drawn by JupyterLab's widget manager, not as text."""
         text_bars = [text for text in outputs if TEXT_PROGRESS.search(text)]
         assert not text_bars, f"{self.path}: progress bars printed as text (no widget manager?): {text_bars[:2]}"
+        bars = self.panel.locator(".jp-OutputArea :is(.widget-hprogress, .jupyter-widget-hprogress)")
+        assert bars.count() >= 1, f"{self.path}: no progress bar widget while the ranks started"
         broken = self.panel.locator(".jp-OutputArea").get_by_text(re.compile("Error displaying widget|Loading widget"))
         assert broken.count() == 0, f"{self.path}: a widget did not render: {broken.first.inner_text()}"
 
