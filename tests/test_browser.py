@@ -252,7 +252,7 @@ class Notebook:
         """Until no cell is queued or running and the kernel is idle, twice in a row a second apart."""
         deadline, calm = time.monotonic() + timeout, 0
         while time.monotonic() < deadline:
-            self.dismiss_nothing()
+            self.fail_on_dialog()
             busy = any("*" in prompt for prompt in self.prompts())
             busy = busy or any(kernel["execution_state"] != "idle" for kernel in self.lab.kernels())
             calm = 0 if busy else calm + 1
@@ -262,7 +262,7 @@ class Notebook:
         self.screenshot("timeout")
         pytest.fail(f"{self.path}: still running after {timeout:.0f} s: prompts {self.prompts()}")
 
-    def dismiss_nothing(self) -> None:
+    def fail_on_dialog(self) -> None:
         """A dialog (a dead kernel, a file changed on disk) is a failure, not something to click away."""
         dialogs = self.page.locator(".jp-Dialog")
         if dialogs.count():
