@@ -15,7 +15,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 setup: $(VENV)/.ready
 
 $(VENV)/.ready: pyproject.toml constraints.txt tools/setup.sh tools/setup_site.sh tools/site_report.py \
-		tools/build_horovod.sh tools/build_deepspeed.sh tools/pins.py
+		tools/build_horovod.sh tools/build_deepspeed.sh tools/pins.py tools/install_chromium.sh
 	SCALEDL_SYSTEM="$(SYSTEM)" HOROVOD="$(HOROVOD)" bash tools/setup.sh
 	touch $@
 
