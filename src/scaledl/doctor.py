@@ -205,9 +205,9 @@ def check_devices(system: str) -> tuple[list[Finding], int]:
     import torch
     import torch.distributed as dist
 
-    gpus, kind = torch.cuda.device_count(), "CUDA"
-    if not gpus and hasattr(torch, "xpu") and torch.xpu.is_available():
-        gpus, kind = torch.xpu.device_count(), "XPU"
+    from scaledl import devices
+
+    gpus, kind = devices.device_count(), (devices.accelerator() or "cuda").upper()
     found = []
     if gpus:
         found.append(ok(f"{gpus} {kind} device{'s' * (gpus != 1)} on this node"))

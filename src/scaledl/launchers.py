@@ -41,14 +41,11 @@ def local_env(nproc: int, base: dict | None = None) -> dict:
 def _deepspeed_accelerator() -> str:
     """DeepSpeed guesses its accelerator; on a machine with no GPU say "cpu" so it need not."""
     try:
-        import torch
-    except ImportError:
+        from scaledl import devices
+
+        return devices.accelerator() or "cpu"
+    except ImportError:  # no torch
         return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu"
-    return "cpu"
 
 
 def tool(name: str) -> str:
