@@ -41,14 +41,11 @@ class EnginePlan:
 def accelerator_count() -> int:
     """GPUs on this node (XPU devices on Aurora: each tile is one), 0 without any or without torch."""
     try:
-        import torch
-    except ImportError:
+        from scaledl import devices
+
+        return devices.device_count()
+    except ImportError:  # no torch
         return 0
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.xpu.device_count()
-    return 0
 
 
 def default_world_size() -> int:
