@@ -18,7 +18,8 @@ import pytest
 from conftest import PROBES, tool
 from scaledl import launchers
 
-ARGS = ["--epochs", "30", "--train-limit", "2048", "--log-interval", "5"]
+# Long enough that no run ends on its own while the test waits for it to be stopped.
+ARGS = ["--epochs", "500", "--train-limit", "2048", "--log-interval", "5"]
 GONE_WITHIN_S = 15  # the ranks' own grace is 5 s; the rest is slack for a loaded 2-core machine
 pytestmark = pytest.mark.slow
 
