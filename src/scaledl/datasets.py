@@ -173,7 +173,8 @@ def load_cifar10(data_dir: Path) -> Dataset:
         except OSError as error:
             raise DataError(f"cannot read {path}: {error.strerror or error}") from None
         except Exception as error:  # noqa: BLE001  unpickling raises anything a damaged file makes it raise
-            raise DataError(f"{path} is not a CIFAR-10 python batch ({type(error).__name__}: {error})") from None
+            detail = " ".join(str(error).split())[:160]  # one line, whatever the unpickler said
+            raise DataError(f"{path} is not a CIFAR-10 python batch ({type(error).__name__}: {detail})") from None
         if not isinstance(entry, dict) or b"data" not in entry or b"labels" not in entry:
             raise DataError(f"{path} is not a CIFAR-10 python batch (expected a dict with b'data' and b'labels')")
         data, labels = entry[b"data"], entry[b"labels"]
