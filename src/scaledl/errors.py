@@ -39,8 +39,9 @@ def _lost_a_peer(error: BaseException) -> bool:
     """A collective failed because another rank died or stopped answering."""
     names = {cls.__name__ for cls in type(error).__mro__}
     text = str(error).lower()
-    return bool(names & {"DistBackendError", "DistNetworkError", "HorovodInternalError"}) or (isinstance(error, RuntimeError) and any(
-        sign in text for sign in ("timed out", "connection closed by peer", "connection reset by peer")))
+    signs = ("timed out", "connection closed by peer", "connection reset by peer")
+    return bool(names & {"DistBackendError", "DistNetworkError", "HorovodInternalError"}) or (
+        isinstance(error, RuntimeError) and any(sign in text for sign in signs))
 
 
 def _frames(error: BaseException):
@@ -120,9 +121,16 @@ def _report(prog: str, message: str, code: int, every_rank: bool = False) -> int
     rank, world_size = _place()
     line = f"{prog}: error: {message}"
     if rank == 0 or every_rank:
-        print(line, file=sys.stderr, flush=True)
+        _say(line)
     _leave_for_launcher(rank, code, line)
     return code
+
+
+def _say(line: str) -> None:
+    """One write per line: ranks share the launcher's stderr, and print() writes the text and the
+    newline apart, so two ranks' lines could run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def interrupted_line(prog: str, signum: int | None = None) -> str:
@@ -138,7 +146,7 @@ def _interrupted(prog: str, signum: int | None) -> int:
     if not signals.reported:
         signals.reported = True
         try:
-            print(interrupted_line(prog, signum), file=sys.stderr, flush=True)
+            _say(interrupted_line(prog, signum))
         except OSError:
             pass  # the terminal went away with the launcher
     return signals.exit_status(signum)
@@ -188,7 +196,7 @@ def exits_cleanly(main):
         except _UsageExit as usage:
             rank, _ = _place()
             if rank == 0:
-                print(usage, file=sys.stderr, flush=True)
+                _say(str(usage))
             _leave_for_launcher(rank, usage.status, str(usage))
             return usage.status
         except signals.Interrupted as interrupt:
