@@ -1,4 +1,3 @@
-import os
 import signal
 import subprocess
 import sys
@@ -7,7 +6,7 @@ import time
 import pytest
 import torch
 
-from conftest import PROBES, ROOT, run
+from conftest import PROBES, run
 from mounts import tmpfs
 from scaledl import checkpoint, launchers
 from scaledl.checkpoint import CheckpointError, DiskFullError

@@ -16,7 +16,8 @@ import pytest
     ("single_tf", ["--epochs", "0"], {}, "--epochs must be > 0, got 0"),
     ("single_torch", ["--lr", "-1"], {}, "--lr must be > 0"),
     ("single_torch", ["--on-nonfinite", "ignore"], {}, "argument --on-nonfinite: invalid choice"),
-    ("single_torch", ["--backend", "foo"], {}, "unknown backend 'foo': use one of nccl"),
+    ("ddp", ["--backend", "foo"], {}, "unknown backend 'foo': use one of nccl"),
+    ("single_torch", ["--backend", "gloo"], {}, "unrecognized arguments: --backend"),  # one device: no collectives
     ("single_torch", ["--device", "tpu"], {}, "unknown device 'tpu'"),
     ("single_torch", ["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": ""}, "device 'cuda' is not available"),
     ("single_torch", ["--train-limit", "32"], {}, "fewer than one --batch-size of 64"),
@@ -28,7 +29,8 @@ import pytest
 def test_user_errors_are_one_line(tmp_path, rung, args, env, message):
     out_dir = tmp_path / "out"
     (tmp_path / "garbage").mkdir()
-    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
         (tmp_path / "garbage" / name).write_bytes(b"not an IDX file")
     command = [sys.executable, "-m", f"scaledl.ladder.{rung}", "--out-dir", str(out_dir),
                *[a.format(tmp=tmp_path) for a in args]]

@@ -100,8 +100,8 @@ def test_skip_policy_skips_the_bad_step_and_finishes_in_sync(tmp_path):
 @pytest.mark.slow
 def test_torchrun_restart_resumes_to_the_same_parameters(tmp_path):
     args = ["--train-limit", "1280", "--epochs", "2", "--checkpoint-every", "4"]
-    whole, _ = run_with_fault(launchers.torchrun(2, "scaledl.ladder.ddp", [*args, "--out-dir", str(tmp_path / "whole")]),
-                              None, step=0, limit_s=120)
+    whole_run = launchers.torchrun(2, "scaledl.ladder.ddp", [*args, "--out-dir", str(tmp_path / "whole")])
+    whole, _ = run_with_fault(whole_run, None, step=0, limit_s=120)
     assert whole.returncode == 0, whole.stderr[-3000:]
     restarted = launchers.torchrun(2, "fault_probe", ["scaledl.ladder.ddp", *args, "--out-dir", str(tmp_path / "cut")])
     restarted.insert(restarted.index("--standalone") + 1, "--max-restarts=1")

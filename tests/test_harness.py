@@ -70,7 +70,7 @@ def test_single_tf_resume_is_refused_and_the_run_kept(tmp_path):
     (["--out-dir", ""], ["--out-dir is empty"]),
     (["--out-dir", "  "], ["--out-dir is empty"]),
     (["--lr", "inf"], ["--lr must be a finite number"]),
-    (["--timeout", "nan"], ["--timeout must be a finite number"]),
+    (["--momentum", "nan"], ["--momentum must be a finite number"]),
     (["--warmup-epochs", "inf"], ["--warmup-epochs must be a finite number"]),
     (["--keep-checkpoints", "0"], ["--keep-checkpoints must be > 0"]),
     (["--data-dir", ""], ["--data-dir is empty"]),

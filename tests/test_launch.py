@@ -17,7 +17,8 @@ from scaledl.systems import AURORA_COMM_ENV, AURORA_TILE_BIND, POLARIS_COMM_ENV,
 
 DDP = Target("scaledl.ladder.ddp", ("--epochs", "1"))
 POLARIS_HOSTS = ("x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov", "x3005c0s13b1n0.hsn.cm.polaris.alcf.anl.gov")
-AURORA_HOSTS = ("x4102c5s2b0n0.hostmgmt2102.cm.aurora.alcf.anl.gov", "x4102c5s3b0n0.hostmgmt2102.cm.aurora.alcf.anl.gov")
+AURORA_HOSTS = ("x4102c5s2b0n0.hostmgmt2102.cm.aurora.alcf.anl.gov",
+                "x4102c5s3b0n0.hostmgmt2102.cm.aurora.alcf.anl.gov")
 
 
 def nodefile(tmp_path, *hosts):

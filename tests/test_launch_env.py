@@ -121,7 +121,8 @@ def test_slurm_nodelist_forms():
 
 def test_mpich_hydra():
     info = detect({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"})
-    assert (info.launcher, info.rank, info.local_rank, info.world_size, info.master_addr) == ("mpich", 1, 1, 2, "127.0.0.1")
+    found = (info.launcher, info.rank, info.local_rank, info.world_size, info.master_addr)
+    assert found == ("mpich", 1, 1, 2, "127.0.0.1")
 
 
 def test_explicit_rendezvous_wins(tmp_path):

@@ -1,7 +1,6 @@
 """The `scaledl` command: thin subcommands over the package."""
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 

@@ -133,10 +133,11 @@ def setup(device: str | None = None, backend: str | None = None, timeout_s: floa
     if seed is not None:
         seed_everything(seed)
     errors.collective_timeout_s = timeout_s
-    addr, port = job.master_addr, job.master_port
-    if init_process_group and not dist.is_initialized():
-        init = rendezvous(job, timeout_s, env)
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    joining = init_process_group and not dist.is_initialized()
+    # Also without a group: it checks the launcher gave enough to find rank 0, and exports it.
+    init = rendezvous(job, timeout_s, env) if not dist.is_initialized() else {}
+    addr, port = os.environ.get("MASTER_ADDR", job.master_addr), int(os.environ.get("MASTER_PORT", 0)) or None
+    if joining:
         dist.init_process_group(
             backend=torch_backend, rank=job.rank, world_size=job.world_size, **init,
             **({"device_id": torch_device} if torch_device.type == "cuda" else {}))

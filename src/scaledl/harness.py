@@ -39,6 +39,7 @@ from scaledl.metrics import History, local_gather, torch_gather
 # Flags a rung leaves out when it does not honour them (`parser(..., without=...)`).
 CHECKPOINT_FLAGS = ("resume", "checkpoint_every", "keep_checkpoints")
 GUARD_FLAGS = ("on_nonfinite",)
+COLLECTIVE_FLAGS = ("backend", "timeout")  # a single process has no collectives to pick or bound
 
 
 def parser(rung: str, without: tuple[str, ...] = ()):

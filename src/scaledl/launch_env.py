@@ -181,7 +181,8 @@ def read_nodefile(path: str) -> list[str]:
     where = f"PBS_NODEFILE={path}"
     file = Path(path)
     if not file.exists():
-        raise LaunchError(f"{where} does not exist: run inside a PBS job, or point PBS_NODEFILE at a file of host names")
+        raise LaunchError(f"{where} does not exist: run inside a PBS job, "
+                          "or point PBS_NODEFILE at a file of host names")
     if not file.is_file():
         raise LaunchError(f"{where} is not a file: point PBS_NODEFILE at a file of host names, one per line")
     try:

@@ -17,15 +17,18 @@ def _path(text: str) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("suite", choices=[*SUITE_NAMES, "all"], help="which suite to run (all: every one)")
-    parser.add_argument("--quick", action="store_true", help="fewer steps, sizes and rounds (a check, not a measurement)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer steps, sizes and rounds (a check, not a measurement)")
     parser.add_argument("--out-dir", type=_path, default=Path("runs/bench"), help="JSON, plots and logs go here")
-    parser.add_argument("--markdown", type=_path, help="also render the results as markdown here (e.g. docs/benchmarks.md)")
+    parser.add_argument("--markdown", type=_path,
+                        help="also render the results as markdown here (e.g. docs/benchmarks.md)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process, the same for every variant")
     parser.add_argument("--micro-batch-size", type=int, default=32, help="batch per rank")
     parser.add_argument("-n", "--nproc", type=int, help="ranks for multi-rank suites (default: local devices, or 2)")
     parser.add_argument("--predict-params", type=float, default=7.5e9,
                         help="memory suite: parameter count for the predictor table")
-    parser.add_argument("--predict-world-size", type=int, default=64, help="memory suite: ranks for the predictor table")
+    parser.add_argument("--predict-world-size", type=int, default=64,
+                        help="memory suite: ranks for the predictor table")
 
 
 def run(args) -> int:

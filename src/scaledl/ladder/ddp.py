@@ -8,7 +8,6 @@ in backward, DDP averages gradients bucket by bucket while backward runs, so all
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist  # New Code #
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # New Code #
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
@@ -27,13 +26,13 @@ def wrap(model, device, **options):
 
 @exits_cleanly
 def main(argv=None) -> int:
-    config = harness.parse_args(RUNG, argv)
+    config = harness.parse_args(RUNG, argv)  # New Code #: with --backend and --timeout
     job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
     device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective
         torch.accelerator.set_device_index(device.index)
-    dist.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank,  # New Code #: nccl/xccl/gloo
-                            world_size=job.world_size, **distributed.rendezvous(job, config.timeout))  # New Code #
+    torch.distributed.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank,  # New Code #
+                                         world_size=job.world_size, **distributed.rendezvous(job, config.timeout))
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
     data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
 
     test_loss, test_accuracy = sharding.evaluate_torch(model, data, job.rank, job.world_size, device)  # New Code #
     run.finish(test_accuracy)
-    dist.destroy_process_group()  # New Code #
+    torch.distributed.destroy_process_group()  # New Code #
     return 0
 
 

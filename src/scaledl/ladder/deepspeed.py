@@ -14,7 +14,6 @@ import argparse  # New Code #
 
 import deepspeed  # New Code #
 import torch
-import torch.distributed as dist  # New Code #
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
@@ -76,8 +75,8 @@ def main(argv=None) -> int:
     device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective
         torch.accelerator.set_device_index(device.index)
-    dist.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank,  # New Code #: nccl/xccl/gloo
-                            world_size=job.world_size, **distributed.rendezvous(job, config.timeout))  # New Code #
+    torch.distributed.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank,  # New Code #
+                                         world_size=job.world_size, **distributed.rendezvous(job, config.timeout))
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
     data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
@@ -109,7 +108,7 @@ def main(argv=None) -> int:
 
     test_loss, test_accuracy = sharding.evaluate_torch(model, data, job.rank, job.world_size, device)  # New Code #
     run.finish(test_accuracy, zero_stage=args.zero_stage)  # New Code #
-    dist.destroy_process_group()  # New Code #
+    torch.distributed.destroy_process_group()  # New Code #
     return 0
 
 

@@ -17,11 +17,11 @@ import horovod.tensorflow as hvd  # New Code #
 import horovod.tensorflow.keras as hvd_keras  # New Code #
 import tensorflow as tf
 
-from scaledl import datasets, harness, models, report, sharding  # New Code #
+from scaledl import datasets, distributed, harness, models, report, sharding  # New Code #
 from scaledl.errors import exits_cleanly
 
 RUNG = "horovod_tf"
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS)
+NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "backend", "device")  # New Code #: Horovod picks
 
 
 def set_precision(precision: str) -> None:
@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     config, args = harness.parse(flags, argv)
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
+    distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
     hvd.init()  # New Code #: rank, local_rank and size from horovodrun or MPI
     pin_gpu(hvd.local_rank())  # New Code #
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none  # New Code #

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, harness, models, sharding
+from scaledl import datasets, devices, distributed, harness, models, sharding  # New Code #
 from scaledl.errors import exits_cleanly
 
 RUNG = "horovod_torch"
@@ -36,12 +36,13 @@ def distributed_optimizer(optimizer, model, fp16_allreduce: bool = False, adasum
 @exits_cleanly
 def main(argv=None) -> int:
     # New Code #: Horovod's options
-    flags = harness.parser(RUNG)
+    flags = harness.parser(RUNG, without=("backend",))  # Horovod picks its own
     flags.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
     flags.add_argument("--adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
     config, args = harness.parse(flags, argv)
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
+    distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
     hvd.init()  # New Code #: rank, local_rank and size from horovodrun or MPI
     device = devices.pick_device(config.device, hvd.local_rank())  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU)

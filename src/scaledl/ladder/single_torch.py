@@ -24,7 +24,7 @@ def wrap(model, device, **options):
 
 @exits_cleanly
 def main(argv=None) -> int:
-    config = harness.parse_args(RUNG, argv)
+    config = harness.parse_args(RUNG, argv, without=harness.COLLECTIVE_FLAGS)  # one device: no collectives
     device = devices.pick_device(config.device)  # a GPU (CUDA or XPU) when there is one, else the CPU
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
