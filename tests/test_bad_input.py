@@ -368,8 +368,9 @@ def test_scaledl_launch_shows_the_ranks_error_last_with_status_2(tmp_path, args,
     result = run_command([tool("scaledl"), "launch", "-n", "2", "--", "scaledl.ladder.ddp", *args,
                           "--out-dir", str(out_dir)])
     assert_one_line(result, message, through_launcher=True)
-    # The rank's line comes once from the main rank, and once more at the end.
-    assert sum(message in line for line in result.stderr.splitlines()) == 2, result.stderr[-3000:]
+    # The rank's line comes once from the main rank (unless the launcher killed it first, when another
+    # rank's error ended the job), and once more at the end: never once per rank.
+    assert 1 <= sum(message in line for line in result.stderr.splitlines()) <= 2, result.stderr[-3000:]
     assert not out_dir.exists()
 
 
