@@ -20,6 +20,32 @@ def test_parallelism_and_memory_figures():
     drawn(fig)
 
 
+def rendered(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    return renderer
+
+
+def test_memory_legend_stays_off_the_bars():
+    fig = plots.training_memory({"params": 28, "grads": 28, "optimizer": 56, "activations": 18}, 40, "A100")
+    renderer = rendered(fig)
+    legend = fig.axes[0].get_legend().get_window_extent(renderer)
+    for bar in fig.axes[0].patches:
+        assert not legend.overlaps(bar.get_window_extent(renderer))
+
+
+def test_every_title_fits_inside_its_figure():
+    for fig in (plots.ring_allreduce(4), plots.ring_allreduce(8), plots.parallelism(),
+                plots.training_memory({"params": 6, "grads": 6, "optimizer": 12}, 40)):
+        renderer = rendered(fig)
+        page = fig.bbox
+        for ax in fig.axes:
+            box = ax.title.get_window_extent(renderer)
+            assert page.x0 + 2 <= box.x0 and box.x1 <= page.x1 - 2, ax.get_title()  # not cut at the edge
+
+
 def test_ring_allreduce_every_rank_sends_a_different_chunk_each_step():
     fig = plots.ring_allreduce(4)
     grid = fig.axes[1].images[0].get_array()

@@ -76,15 +76,17 @@ def parallelism(world_size: int = 4):
 def training_memory(parts_gb: dict, device_gb: float, device_name: str = "one GPU"):
     """Stacked bars of what training a model keeps (parameters, gradients, optimizer states,
     activations), against one device's memory."""
-    fig, ax = _figure(6, 3.4)
+    fig, ax = _figure(6.5, 3.4)
     bottom = 0.0
     for key, value in parts_gb.items():
         ax.bar(["training state"], [value], bottom=bottom, color=COLORS.get(key, None), label=f"{key} {value:,.0f} GB")
         bottom += value
     ax.axhline(device_gb, color="black", linestyle="--")
-    ax.text(0.45, device_gb, f" {device_name}: {device_gb:g} GB", va="bottom", fontsize=8)
+    ax.text(-0.38, device_gb, f"{device_name}: {device_gb:g} GB", va="bottom", fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
     ax.set(ylabel="GB", title=f"{bottom:,.0f} GB needed, {device_gb:g} GB on the device")
-    ax.legend(loc="upper right", fontsize=8)
+    # Beside the axes, not over them: the bar fills the plot's width.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, frameon=False)
     return fig
 
 
@@ -103,8 +105,9 @@ def ring_allreduce(world_size: int = 4):
         nx, ny = points[(rank + 1) % world_size]
         ring.annotate("", (nx * 0.8 + x * 0.2, ny * 0.8 + y * 0.2), (x * 0.8 + nx * 0.2, y * 0.8 + ny * 0.2),
                       arrowprops={"arrowstyle": "->", "color": COLORS["comm"], "linewidth": 1.5})
-    ring.set(xlim=(-1.4, 1.4), ylim=(-1.4, 1.4), aspect="equal",
-             title=f"each step: every rank sends 1/{world_size} of the buffer to the next")
+    ring.set(xlim=(-1.4, 1.4), ylim=(-1.4, 1.4), aspect="equal")
+    # Two lines: the ring's square axes are narrower than one line of title.
+    ring.set_title(f"each step, every rank sends\n1/{world_size} of the buffer to the next")
     ring.axis("off")
     steps = 2 * (world_size - 1)
     chunk = np.zeros((world_size, steps))
