@@ -2,8 +2,10 @@
 wrong answers a learner plausibly writes, naming the fix in one line."""
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 from scaledl import grader, schedule
 
@@ -41,6 +43,12 @@ def test_training_memory(capsys):
           "in bits")
     fails(capsys, grader.check_training_memory({"params": 28, "grads": 28, "optimizer": 56}, N), "looks like GB")
     fails(capsys, grader.check_training_memory({"params": 4 * N, "gradients": 4 * N}, N), "no 'grads'")
+    fails(capsys, grader.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 12 * N}, N),
+          "mixed precision's count")  # the ZeRO paper's 12 bytes, which include an fp32 master copy
+    # Unusual but right: NumPy integers, floats, and an extra key for the activations.
+    assert grader.check_training_memory({"params": 4.0 * N, "grads": np.int64(4) * N, "optimizer": float(8 * N),
+                                         "activations": 0}, N)
+    verdict(capsys)
 
 
 def test_training_days(capsys):
@@ -55,6 +63,9 @@ def test_training_days(capsys):
     fails(capsys, grader.check_training_days(right * 24, *args), "in hours")
     on_64 = (7e9, 2e12, 312e12, 0.4, 64)
     fails(capsys, grader.check_training_days(right, *on_64), "one GPU's time")
+    # Unusual but right: on 64 GPUs, in float32, through hours.
+    assert grader.check_training_days(np.float32(6 * 7e9 * 2e12 / (64 * 312e12 * 0.4) / 3600 / 24), *on_64)
+    verdict(capsys)
 
 
 # ---------------------------------------------------------------- lesson 2
@@ -94,6 +105,62 @@ def warmup_timed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
     return (warmup_steps + num_steps) * batch_size / (time.perf_counter() - start)
 
 
+def one_step_too_many_counted(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    synchronize()
+    return (num_steps + 1) * batch_size / (time.perf_counter() - start)
+
+
+def last_step_untimed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    for index in range(num_steps):
+        if index == 1:
+            start = time.perf_counter()  # the clock starts a step late
+        step()
+        synchronize()
+    return num_steps * batch_size / (time.perf_counter() - start)
+
+
+def returns_seconds(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def per_step_mean(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    """Unusual but right: a wall clock, the device waited for after every step, the mean step time."""
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    times = []
+    for _ in range(num_steps):
+        started = time.time()
+        step()
+        synchronize()
+        times.append(time.time() - started)
+    return batch_size / (sum(times) / len(times))
+
+
 def untouched(*args, **kwargs):
     raise NotImplementedError("exercise")
 
@@ -101,8 +168,15 @@ def untouched(*args, **kwargs):
 def test_samples_per_s_on_a_simulated_device(capsys):
     assert grader.check_samples_per_s(honest)
     verdict(capsys)
+    assert grader.check_samples_per_s(per_step_mean)
+    verdict(capsys)
     fails(capsys, grader.check_samples_per_s(no_synchronize), "synchronize before reading it")
     fails(capsys, grader.check_samples_per_s(warmup_timed), "slow first steps are in the timing")
+    fails(capsys, grader.check_samples_per_s(one_step_too_many_counted), "one step off")
+    fails(capsys, grader.check_samples_per_s(last_step_untimed), "one step off")
+    fails(capsys, grader.check_samples_per_s(returns_seconds), "looks like seconds")
+    fails(capsys, grader.check_samples_per_s(lambda step, *args, **kwargs: [step() for _ in range(40)] and 1e4),
+          "it ran 40 steps")
     fails(capsys, grader.check_samples_per_s(untouched), "NotImplementedError")
     fails(capsys, grader.check_samples_per_s(None), "not set")
 
@@ -124,14 +198,18 @@ def test_simulated_device_queues_work_until_synchronized():
 def test_all_reduce_check(capsys):
     assert grader.check_all_reduce([3.0, 3.0], 2)
     verdict(capsys)
+    assert grader.check_all_reduce([10, np.float32(10), 10.0, 10], 4)  # 4 ranks, any number type
+    verdict(capsys)
     fails(capsys, grader.check_all_reduce([1.0, 2.0], 2), "it still holds its own value")  # untouched
     fails(capsys, grader.check_all_reduce([2.0, 2.0], 2), "the largest value")  # ReduceOp.MAX
+    fails(capsys, grader.check_all_reduce([4.0] * 4, 4), "the largest value")
     fails(capsys, grader.check_all_reduce([1.5, 1.5], 2), "that is the average")  # divided by world size
+    fails(capsys, grader.check_all_reduce([3.0, 2.0], 2), "only rank 0 holds the sum")  # tdist.reduce(x, dst=0)
+    fails(capsys, grader.check_all_reduce([24.0] * 4, 4), "rank 0 holds 24")  # ReduceOp.PRODUCT
+    fails(capsys, grader.check_all_reduce([1.0], 1), "start 2 or more")  # one rank proves nothing
 
 
 def sampler_shard(use_local_rank=False, replicas=None):
-    from torch.utils.data import DistributedSampler
-
     def shard(num_samples, rank, local_rank, world_size):
         return list(DistributedSampler(range(num_samples), num_replicas=replicas or world_size,
                                        rank=local_rank if use_local_rank else rank, shuffle=False))
@@ -139,20 +217,33 @@ def sampler_shard(use_local_rank=False, replicas=None):
 
 
 def test_sharding_check_simulates_two_nodes(capsys):
+    # 20 samples on 2 nodes x 3 ranks: 6 does not divide 20, so DistributedSampler pads 4 repeats.
+    assert grader.check_sharding(sampler_shard())
+    assert "on 2 nodes x 3 ranks, 20 samples: every sample goes to one rank, 4 also" in verdict(capsys)
     assert grader.check_sharding(sampler_shard(), 16, nodes=2, ranks_per_node=2)
-    assert "on 2 nodes x 2 ranks" in verdict(capsys)
-    # By local rank: on one node it looks right, on two nodes ranks 0 and 2 train on the same samples.
+    assert "each sample goes to exactly one rank" in verdict(capsys)
+    # Unusual but right: a stride by hand (ranks get 3 or 4), drop_last, contiguous blocks.
+    assert grader.check_sharding(lambda n, r, lr, w: list(range(r, n, w)))
+    assert "ranks get 3 to 4" in verdict(capsys)
+    assert grader.check_sharding(lambda n, r, lr, w: list(DistributedSampler(range(n), w, r, shuffle=False,
+                                                                             drop_last=True)))
+    assert "2 are left out of the epoch" in verdict(capsys)
+    assert grader.check_sharding(lambda n, r, lr, w: np.array_split(np.arange(n), w)[r])
+    verdict(capsys)
+    # By local rank: on one node it looks right, on two nodes ranks 0 and 3 train on the same samples.
     assert grader.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=1, ranks_per_node=2)
     verdict(capsys)
-    fails(capsys, grader.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=2, ranks_per_node=2),
-          "ranks 0 and 2 both get sample 0", "sharded by local rank")
-    # Two shards (one node's worth of ranks) for a job of four ranks: half the data is never seen.
-    line = fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(lr, n, 2)), 16, 2, 2))
-    assert "local rank" in line
-    fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(r, n // 2, w)), 16, 2, 2),
-          "never seen", "world size")
-    fails(capsys, grader.check_sharding(untouched, 16), "NotImplementedError")
-    fails(capsys, grader.check_sharding(None, 16), "`shard` is not set")
+    fails(capsys, grader.check_sharding(sampler_shard(use_local_rank=True)),
+          "ranks 0 and 3 both get sample 0", "sharded by local rank")
+    # One node's worth of shards, taken by local rank: every sample twice.
+    fails(capsys, grader.check_sharding(sampler_shard(use_local_rank=True, replicas=3)), "sharded by local rank")
+    # One node's worth of shards, taken by global rank: the sampler refuses rank 3 of 3.
+    fails(capsys, grader.check_sharding(sampler_shard(replicas=3)), "rank=3", "raised ValueError")
+    fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(r, n // 2, w))), "never seen", "world_size")
+    fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(r + 1, n, w))), "never seen (first: 0)")
+    fails(capsys, grader.check_sharding(lambda n, r, lr, w: list(range(r, n + 1, w))), "index 20 is not a sample")
+    fails(capsys, grader.check_sharding(untouched), "NotImplementedError")
+    fails(capsys, grader.check_sharding(None), "`shard` is not set")
 
 
 # ---------------------------------------------------------------- data parallelism
@@ -187,11 +278,46 @@ def test_horovod_sync_check_names_the_missing_part(capsys):
     # The exercise raised before the first step ended.
     fails(capsys, grader.check_horovod_sync([[], []], "tf"), "did not finish on every rank")
     assert not grader.check_horovod_sync(None, "torch")
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"]], "torch"), "start 2 or more")
+
+
+SAME = [["w", "o", "e"], ["w", "o", "e"]]
+
+
+@pytest.mark.parametrize("framework", ["tf", "torch"])
+def test_horovod_sync_check_compares_with_one_process_on_the_global_batch(framework, capsys):
+    """Ranks that agree can still be wrong together: the trained weights must be those of one
+    process that took the same steps on every rank's micro batches at once."""
+    right = {"average": 3e-8, "sum": 4e-3}
+    assert grader.check_horovod_sync(SAME, framework, [right, right])
+    assert "end where one process on the global batch does" in verdict(capsys)
+    # Unusual but right: 4 ranks, float rounding of a GPU reduction, still inside the tolerance.
+    close = {"average": 2e-6, "sum": 1e-2}
+    assert grader.check_horovod_sync(SAME * 2, framework, [close] * 4)
+    verdict(capsys)
+    # op=hvd.Sum: the ranks agree, and match the process whose gradients are world_size times larger.
+    summed = {"average": 4e-3, "sum": 1e-8}
+    fails(capsys, grader.check_horovod_sync(SAME, framework, [summed, summed]), "summed over ranks",
+          "2x its gradients")
+    # The gradients averaged twice (the loss divided by world_size too), or an lr scaled by hand: agreed, but off.
+    off = {"average": 2e-3, "sum": 6e-3}
+    fails(capsys, grader.check_horovod_sync(SAME, framework, [off, off]), "differ from one process's steps",
+          "by 0.002")
+    # One rank's error is enough.
+    fails(capsys, grader.check_horovod_sync(SAME, framework, [right, summed]), "summed over ranks")
+    fails(capsys, grader.check_horovod_sync(SAME, framework, [right, None]), "reference cell did not finish")
+    # Equal fingerprints are checked first: a missing broadcast is named as such, whatever the errors.
+    fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["w", "p", "e"]], framework, [right, right]),
+          "optimizer state")
 
 
 def test_horovod_allreduce_check(capsys):
     assert grader.check_horovod_allreduce([(3.0, 1.5), (3.0, 1.5)], 2)
     verdict(capsys)
+    # Unusual but right: 4 ranks, the total as the average times the world size, NumPy numbers.
+    assert grader.check_horovod_allreduce([(np.float32(2.5) * 4, np.float64(2.5))] * 4, 4)
+    verdict(capsys)
+    fails(capsys, grader.check_horovod_allreduce([(2.5, 2.5)] * 4, 4), "averages unless told otherwise")
     fails(capsys, grader.check_horovod_allreduce([(1.5, 1.5), (1.5, 1.5)], 2), "averages unless told otherwise")
     fails(capsys, grader.check_horovod_allreduce([(3.0, 3.0), (3.0, 3.0)], 2), "that is the sum")
     fails(capsys, grader.check_horovod_allreduce([(1.0, 1.0), (2.0, 2.0)], 2), "it still holds its own value")

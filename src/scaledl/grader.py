@@ -59,6 +59,9 @@ def check_training_memory(memory, num_params: int) -> bool:
         if not math.isclose(got, want[key]):
             return _verdict(False, f"{name}: {got:.3g} bytes, expected {want[key]:.3g}: one fp32 number per parameter")
     got = memory["optimizer"]
+    if math.isclose(got, 12 * num_params):
+        return _verdict(False, "optimizer: 12 bytes a parameter is mixed precision's count (an fp32 master copy "
+                               "plus two states): in fp32 the parameters are the master copy: Adam adds two numbers")
     if math.isclose(got, 4 * num_params):
         return _verdict(False, "optimizer: that is one state per parameter: Adam keeps two (momentum and variance)")
     if math.isclose(got, 0):
@@ -117,29 +120,41 @@ class SimulatedDevice:
             time.sleep(wait)
 
 
-def check_samples_per_s(samples_per_s, batch_size: int = 64) -> bool:
+def check_samples_per_s(samples_per_s, batch_size: int = 64, num_steps: int = 5, warmup_steps: int = 3) -> bool:
     """Run the learner's `samples_per_s(step, batch_size, synchronize, num_steps, warmup_steps)`
-    on a simulated device whose true rate is known."""
+    on a simulated device whose true rate is known.  Few timed steps of 40 ms each: one step
+    too many or too few counted is 20% off, the noise of sleeping a few percent."""
     if samples_per_s is None:
         return _unfinished("samples_per_s")
-    device = SimulatedDevice()
+    device = SimulatedDevice(step_s=0.04, warmup_steps=2, warmup_s=0.15)
     try:
-        got = samples_per_s(device.step, batch_size, device.synchronize, num_steps=30, warmup_steps=3)
+        got = samples_per_s(device.step, batch_size, device.synchronize, num_steps=num_steps,
+                            warmup_steps=warmup_steps)
     except NotImplementedError:
         return _verdict(False, "samples_per_s still raises NotImplementedError: finish the exercise cell")
     want = batch_size / device.step_s
-    if device.steps < 30:
-        return _verdict(False, f"it ran {device.steps} steps: run the warm-up steps and then num_steps timed ones")
+    if device.steps != num_steps + warmup_steps:
+        return _verdict(False, f"it ran {device.steps} steps for warmup_steps={warmup_steps} and "
+                               f"num_steps={num_steps}: run the warm-up steps, then exactly num_steps timed ones")
+    if not isinstance(got, (int, float)) or not got > 0:
+        return _verdict(False, f"it returned {got!r}: return samples per second, a positive number")
+    if any(math.isclose(got, seconds, rel_tol=0.15) for seconds in (num_steps * device.step_s, device.step_s)):
+        return _verdict(False, f"{got:.3g} looks like seconds: return samples per second")
     if got > 3 * want:
         return _verdict(False, f"{got:,.0f} samples/s, faster than the device can go ({want:,.0f}): the clock "
                                "stopped before the queued work finished: synchronize before reading it")
     if got < 0.7 * want:
         return _verdict(False, f"{got:,.0f} samples/s, well below the steady {want:,.0f}: the slow first steps are "
                                "in the timing: start the clock after the warm-up (and synchronize there too)")
-    if got > 1.3 * want:
-        return _verdict(False, f"{got:,.0f} samples/s, above the steady {want:,.0f}: count only the samples of the "
-                               "timed steps, and stop the clock after the device has finished them")
-    return _verdict(True, "within 30% of the simulated device's true rate: warm-up left out, the device "
+    # One step off, either way: n +- 1 steps' samples over n timed, or n over n +- 1 timed.
+    if any(abs(got / want - ratio) < 0.05 for ratio in ((num_steps - 1) / num_steps, (num_steps + 1) / num_steps,
+                                                          num_steps / (num_steps - 1), num_steps / (num_steps + 1))):
+        return _verdict(False, f"{got:,.0f} samples/s, {got / want:.0%} of the true {want:,.0f}: one step off: the "
+                               f"clock must cover exactly the {num_steps} timed steps, and count their samples")
+    if not 0.9 < got / want < 1.1:
+        return _verdict(False, f"{got:,.0f} samples/s, expected {want:,.0f}: count only the samples of the timed "
+                               "steps, and stop the clock after the device has finished them")
+    return _verdict(True, "within 10% of the simulated device's true rate: warm-up left out, the device "
                           "synchronized before each clock reading")
 
 
@@ -149,13 +164,17 @@ def check_all_reduce(values_by_rank: list, world_size: int) -> bool:
     """After all_reduce(SUM) of rank + 1 every rank holds 1 + 2 + ... + world_size."""
     if values_by_rank is None:
         return False
+    if world_size < 2:
+        return _verdict(False, "one rank cannot tell a sum from its own value: start 2 or more (WORLD_SIZE = 2)")
     expected = world_size * (world_size + 1) / 2
     values = [float(v) for v in values_by_rank]
     wrong = [(rank, v) for rank, v in enumerate(values) if v != expected]
     if not wrong:
         return _verdict(True, f"every rank holds {expected:g}, the sum over all ranks")
     rank, value = wrong[0]
-    if value == rank + 1:
+    if values[0] == expected and value == rank + 1:
+        hint = "only rank 0 holds the sum: a reduce delivers to one rank, and every rank needs it"
+    elif value == rank + 1:
         hint = "it still holds its own value: every rank must take part in the collective"
     elif value == world_size:
         hint = "that is the largest value: the reduce op must be a sum"
@@ -166,9 +185,12 @@ def check_all_reduce(values_by_rank: list, world_size: int) -> bool:
     return _verdict(False, f"rank {rank} holds {value:g}, expected {expected:g}: {hint}")
 
 
-def check_sharding(shard, num_samples: int = 16, nodes: int = 2, ranks_per_node: int = 2) -> bool:
+def check_sharding(shard, num_samples: int = 20, nodes: int = 2, ranks_per_node: int = 3) -> bool:
     """`shard(num_samples, rank, local_rank, world_size) -> indices`, run for every rank of a
-    simulated job of `nodes` nodes: every sample exactly once across all ranks."""
+    simulated job of `nodes` nodes, on a number of samples the world size does not divide:
+    every sample exactly once across all ranks, except what DistributedSampler does to give
+    every rank as many samples (it repeats fewer than world_size of them, or with drop_last
+    leaves fewer than world_size out)."""
     if shard is None:
         return _unfinished("shard")
     world_size = nodes * ranks_per_node
@@ -178,22 +200,47 @@ def check_sharding(shard, num_samples: int = 16, nodes: int = 2, ranks_per_node:
             by_rank.append([int(i) for i in shard(num_samples, rank, rank % ranks_per_node, world_size)])
         except NotImplementedError:
             return _verdict(False, "shard still raises NotImplementedError: finish the exercise cell")
-    where = f"on {nodes} nodes x {ranks_per_node} ranks"
-    seen: dict[int, int] = {}
+        except Exception as error:  # a learner's error, reported in one line
+            message = (str(error).splitlines() or [""])[0]
+            return _verdict(False, f"shard(num_samples={num_samples}, rank={rank}, local_rank={rank % ranks_per_node}, "
+                                   f"world_size={world_size}) raised {type(error).__name__}: {message}")
+    where = f"on {nodes} nodes x {ranks_per_node} ranks, {num_samples} samples"
+    owners: dict[int, list[int]] = {}
     for rank, indices in enumerate(by_rank):
         for index in indices:
-            if index in seen:
-                other = seen[index]
-                same_local = other % ranks_per_node == rank % ranks_per_node
-                hint = ("you sharded by local rank, which repeats on every node: use the global rank" if same_local
-                        else "each rank needs its own place: the global rank among world_size ranks")
-                return _verdict(False, f"{where}, ranks {other} and {rank} both get sample {index}: {hint}")
-            seen[index] = rank
-    missing = sorted(set(range(num_samples)) - set(seen))
-    if missing:
-        return _verdict(False, f"{where}, {len(missing)} samples are never seen (first: {missing[0]}): the number "
-                               "of shards must be the world size, not the ranks on one node")
-    return _verdict(True, f"{where}, each of {num_samples} samples goes to exactly one rank")
+            owners.setdefault(index, []).append(rank)
+    strays = sorted(set(owners) - set(range(num_samples)))
+    if strays:
+        return _verdict(False, f"{where}: index {strays[0]} is not a sample (0 to {num_samples - 1})")
+    sizes = {len(indices) for indices in by_rank}
+    repeats = sum(len(ranks) - 1 for ranks in owners.values())
+    missing = sorted(set(range(num_samples)) - set(owners))
+    padded = repeats < world_size and len(sizes) == 1  # DistributedSampler evens out the ranks
+    if repeats and not padded:
+        pairs = [(index, a, b) for index, ranks in sorted(owners.items()) for a in ranks for b in ranks if a < b]
+        # Name a pair of ranks with the same local rank when there is one: that is the usual mistake.
+        index, first, second = next((pair for pair in pairs if pair[1] % ranks_per_node == pair[2] % ranks_per_node),
+                                    pairs[0])
+        ranks = [first, second]
+        same_local = first % ranks_per_node == second % ranks_per_node
+        hint = ("you sharded by local rank, which repeats on every node: use the global rank" if same_local
+                else "each rank needs its own place: the global rank among world_size ranks")
+        return _verdict(False, f"{where}: ranks {ranks[0]} and {ranks[1]} both get sample {index}: {hint}")
+    if missing and not (not repeats and len(missing) < world_size and len(sizes) == 1):
+        return _verdict(False, f"{where}: {len(missing)} samples are never seen (first: {missing[0]}): together "
+                               "the shards must cover the data: one shard per rank of the whole job (world_size)")
+    if repeats:
+        said = (f"every sample goes to one rank, {repeats} also to a second so that every rank gets {sizes.pop()} "
+                "(DistributedSampler's padding)")
+    elif missing:
+        said = f"no sample goes to two ranks; {len(missing)} are left out of the epoch so that every rank gets " \
+               f"{sizes.pop()} (drop_last)"
+    elif len(sizes) > 1:
+        said = (f"each sample goes to exactly one rank (ranks get {min(sizes)} to {max(sizes)}: DistributedSampler "
+                "pads instead, so that every rank runs the same number of steps)")
+    else:
+        said = "each sample goes to exactly one rank"
+    return _verdict(True, f"{where}: {said}")
 
 
 
@@ -231,12 +278,21 @@ _HOROVOD_FIXES = {
 }
 
 
-def check_horovod_sync(fingerprints_by_rank: list, framework: str) -> bool:
+def check_horovod_sync(fingerprints_by_rank: list, framework: str, errors_by_rank: list | None = None,
+                       tolerance: float = 1e-5) -> bool:
     """Horovod's duties, checked apart.  Each rank gives [weights at the start, optimizer state at
     the start, weights after the last step]: equal starts need the two broadcasts, equal ends the
-    averaged gradients.  (Two entries, [start, end], check the weights alone.)"""
+    averaged gradients.  (Two entries, [start, end], check the weights alone.)
+
+    Equal is not enough: summed gradients keep the ranks equal too.  `errors_by_rank` holds, per
+    rank, {"average": largest difference of its trained weights from one process that took the
+    same steps on the global batch (every rank's micro batches) from the same start, "sum": the
+    same against that process with its gradients multiplied by world_size}: the weights must
+    match the first within `tolerance`."""
     if fingerprints_by_rank is None:
         return False
+    if len(fingerprints_by_rank) < 2:
+        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
     if any(len(f) < 2 or None in f for f in fingerprints_by_rank):
         return _verdict(False, "the training cell did not finish on every rank: finish the exercise above and "
                                "run both cells")
@@ -249,8 +305,21 @@ def check_horovod_sync(fingerprints_by_rank: list, framework: str) -> bool:
         differing = [rank for rank, f in enumerate(fingerprints_by_rank) if f[index] != fingerprints_by_rank[0][index]]
         if differing:
             return _verdict(False, f"rank {differing[0]} holds different {what} than rank 0: {hint}")
-    return _verdict(True, f"all {len(fingerprints_by_rank)} ranks start from rank 0's weights and optimizer state "
-                          "and stay identical after every step")
+    if errors_by_rank is None:
+        return _verdict(True, f"all {len(fingerprints_by_rank)} ranks start from rank 0's weights and optimizer "
+                              "state and stay identical after every step")
+    if any(e is None for e in errors_by_rank):
+        return _verdict(False, "the reference cell did not finish on every rank: run the cells above in order")
+    world_size = len(fingerprints_by_rank)
+    worst = max(errors_by_rank, key=lambda e: e["average"])
+    if worst["average"] > tolerance:
+        if worst.get("sum", math.inf) <= tolerance:
+            return _verdict(False, f"the ranks agree, and end where one process with {world_size}x its gradients does: "
+                                   "the gradients were summed over ranks: leave the reduction at Horovod's default")
+        return _verdict(False, f"the ranks agree, but their weights differ from one process's steps on the global "
+                               f"batch by {worst['average']:.2g}: average the gradients over ranks, nothing more")
+    return _verdict(True, f"all {world_size} ranks start from rank 0's weights and optimizer state, stay identical, "
+                          f"and end where one process on the global batch does (within {tolerance:g})")
 
 
 def check_horovod_allreduce(results_by_rank: list, world_size: int) -> bool:
