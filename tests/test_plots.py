@@ -118,3 +118,15 @@ def test_scaling_and_lr_schedules():
 def test_image_is_what_a_notebook_stores():
     image = plots.image(plots.parallelism())
     assert image.format == "png" and image.data.startswith(PNG)
+
+
+def test_horovod_cycles_wait_for_every_rank_and_fuse_what_is_ready():
+    sizes = {"fc2": 4_000, "fc1": 400_000, "conv2": 18_000, "conv1": 600}
+    submitted = [{"fc2": 0.2, "fc1": 0.3, "conv2": 1.4, "conv1": 1.5},
+                 {"conv1": 0.1, "fc2": 0.5, "fc1": 1.2, "conv2": 1.3}]  # another order on rank 1
+    fig = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0)
+    # fc2 is ready on both ranks in the first cycle; fc1 waits for rank 1 (1.2 ms), conv1 for rank 0.
+    assert fig.reductions == [(1.0, ["fc2"]), (2.0, ["fc1", "conv2", "conv1"])]
+    small = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0, fusion_bytes=100_000)
+    assert small.reductions == [(1.0, ["fc2"]), (2.0, ["fc1"]), (2.0, ["conv2", "conv1"])]  # the buffer is full
+    drawn(fig)

@@ -256,3 +256,47 @@ def lr_schedules(curves: dict, steps_per_epoch: dict):
     ax.set(xlabel="epoch", ylabel="lr", title="linear scaling rule with a linear warm-up")
     ax.legend(fontsize=8)
     return fig
+
+
+def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fusion_bytes: float = 128 * 2**20):
+    """Horovod's negotiation and tensor fusion, from when each rank hands each tensor to the
+    background thread: `submitted[rank] = {name: ms}`.  At every cycle tick the ranks reduce the
+    tensors that *every* rank has submitted by then (matched by name, whatever the order), packed
+    into fusion buffers of at most `fusion_bytes` (`sizes[name]` bytes each)."""
+    names = list(sizes)
+    ready = {name: max(rank[name] for rank in submitted) for name in names}  # the last rank's submission
+    ticks = math.ceil(max(ready.values()) / cycle_ms + 1e-9)
+    reductions = []  # (tick ms, [names]) per fused all-reduce
+    for tick in range(1, ticks + 1):
+        due = sorted((name for name in names if tick - 1 < ready[name] / cycle_ms <= tick), key=ready.get)
+        buffer, used = [], 0
+        for name in due:
+            if buffer and used + sizes[name] > fusion_bytes:
+                reductions.append((tick * cycle_ms, buffer))
+                buffer, used = [], 0
+            buffer.append(name)
+            used += sizes[name]
+        if buffer:
+            reductions.append((tick * cycle_ms, buffer))
+    fig, ax = _figure(10, 1.4 + 0.6 * len(submitted))
+    palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+    color = {name: palette[i % len(palette)] for i, name in enumerate(names)}
+    for rank, times in enumerate(submitted):
+        for name, at in times.items():
+            ax.plot([at], [rank], "o", color=color[name])
+            ax.annotate(name, (at, rank), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+    fused_row = len(submitted) + 0.3
+    for index, (tick, group) in enumerate(reductions):
+        width = 0.8 * cycle_ms / max(1, sum(1 for t, _ in reductions if t == tick))
+        left = tick + width * sum(1 for t, _ in reductions[:index] if t == tick)
+        ax.barh(fused_row, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5)
+        ax.text(left + width / 2, fused_row, "+".join(group), ha="center", va="center", fontsize=6, color="white")
+    for tick in range(ticks + 1):
+        ax.axvline(tick * cycle_ms, color="gray", linewidth=0.5, linestyle=":")
+    ax.set(yticks=[*range(len(submitted)), fused_row],
+           yticklabels=[*(f"rank {r} submits" for r in range(len(submitted))), "fused all-reduce"],
+           xlabel=f"ms (dotted: a cycle every {cycle_ms:g} ms)", ylim=(-0.6, fused_row + 0.7),
+           title="each cycle reduces what every rank has submitted, by name, fused into one buffer")
+    ax.invert_yaxis()
+    fig.reductions = reductions  # what the drawing shows, for a caller or a test
+    return fig
