@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,41 @@ def test_a_plain_environment_is_reported_as_such():
     findings = doctor.check_site()
     assert len(findings) == 1 and findings[0].level == "ok"
     assert findings[0].text.startswith("python environment: ")
+
+
+SYSFS = Path(__file__).parent / "data" / "sysfs"
+
+
+def test_binding_on_a_recorded_polaris_node_is_local_for_every_rank():
+    findings = doctor.check_binding("polaris", {}, str(SYSFS / "polaris"))
+    assert [f.level for f in findings] == ["ok"] * 8
+    gpu0 = next(f.text for f in findings if f.text.startswith("GPU 0000:07:00.0"))
+    assert gpu0 == "GPU 0000:07:00.0 on NUMA node 3 (CPUs 24-31,56-63)"  # the reverse order, as ALCF says
+    ranks = [f.text for f in findings if f.text.startswith("binding of scaledl launch")]
+    assert len(ranks) == 4 and all(text.endswith(": local") for text in ranks)
+
+
+def test_binding_on_aurora_flags_ranks_whose_tile_is_on_the_other_socket():
+    # The user's own ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE is kept: 6 devices, so ranks 3-8 cross sockets.
+    findings = doctor.check_binding("aurora", {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}, str(SYSFS / "aurora"))
+    problems = [f for f in findings if f.level == "problem"]
+    assert [f.text.split(":")[1].strip() for f in problems] == [f"local rank {r}" for r in range(3, 9)]
+    assert all(f.text.endswith(": far") and "unset it" in f.fix for f in problems)
+    assert not [f for f in doctor.check_binding("aurora", {}, str(SYSFS / "aurora")) if f.level != "ok"]
+
+
+def test_doctor_reads_another_nodes_sysfs_and_refuses_a_missing_one(tmp_path):
+    result = run_doctor(clean_env(), "--system", "polaris", "--sysfs", str(SYSFS / "polaris"))
+    assert "binding of scaledl launch: local rank 3: CPUs 24-31 (NUMA 3), GPU 0000:07:00.0" in result.stdout
+    missing = run_doctor(clean_env(), "--sysfs", str(tmp_path))
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr == f"scaledl doctor: error: --sysfs {tmp_path}: no sys folder there\n"
+
+
+def test_doctor_here_says_there_is_no_gpu_binding_to_check():
+    from scaledl import binding
+
+    if binding.gpus():
+        pytest.skip("this node has GPUs: the gpu tier checks its binding")
+    assert doctor.check_binding("local", {}) == [doctor.info("no GPU on this node's PCI bus: no CPU-GPU binding "
+                                                              "to check")]

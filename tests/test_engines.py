@@ -25,6 +25,7 @@ def test_polaris_binds_cpus_next_to_each_gpu(tmp_path):
     assert plan.system == "polaris" and plan.mpi_cmd == ["mpiexec"]
     args = " ".join(plan.mpi_args)
     assert "--ppn 4 --depth 8 --cpu-bind depth" in args and f"--hostfile {nodefile}" in args
+    assert "CUDA_VISIBLE_DEVICES=$((3 - r % 4))" in args  # local rank r on NUMA node r takes GPU 3 - r
     assert "-n" not in plan.mpi_args  # ipyparallel adds `-n 4` itself
     assert plan.env["NCCL_NET"] == "AWS Libfabric"
 
@@ -35,7 +36,8 @@ def test_aurora_one_rank_per_tile_with_oneccl_variables(tmp_path):
     plan = engines.plan(12, env={"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.aurora-pbs-01"})
     assert plan.system == "aurora"
     assert "--ppn 12" in " ".join(plan.mpi_args) and "--cpu-bind" in plan.mpi_args
-    assert "ZE_AFFINITY_MASK" in " ".join(plan.mpi_args)  # each rank sees only its tile
+    assert "list:1-8:9-16" in " ".join(plan.mpi_args)  # ALCF's lists: 6 ranks on each socket
+    assert plan.env["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT"  # 12 tile devices: local rank r takes xpu:<r>
     assert plan.env["CCL_ATL_TRANSPORT"] == "mpi" and plan.env["FI_PROVIDER"] == "cxi"
     assert sys.executable not in plan.mpi_args
 

@@ -81,3 +81,32 @@ def test_rung_trains_on_every_gpu(name, rung, tmp_path):
     summary = json.loads(Path(tmp_path, "summary.json").read_text())
     assert summary["world_size"] == nproc
     assert summary.get("params_in_sync", True) is True
+
+
+def test_binding_check_reads_this_nodes_gpus():
+    """Each GPU's PCI address and NUMA node from the real sysfs; a process pinned to the GPU's NUMA
+    node is `local`, one pinned to another NUMA node `far` (where the node has more than one)."""
+    import torch
+
+    from scaledl import binding, devices
+
+    kind = devices.accelerator()
+    nodes = {node: cpus & os.sched_getaffinity(0) for node, cpus in binding.numa_nodes().items()}
+    nodes = {node: cpus for node, cpus in nodes.items() if cpus}
+    before = os.sched_getaffinity(0)
+    try:
+        for index in range(GPUS):
+            device = torch.device(kind, index)
+            address, why = binding.device_address(device)
+            assert address in binding.gpus(), (address, why, binding.gpus())
+            home = binding.gpu_numa_node(address)
+            if home is None or home not in nodes:
+                continue  # one NUMA node, or the GPU's node holds none of our CPUs
+            os.sched_setaffinity(0, nodes[home])
+            assert binding.this_rank(device, local_rank=index).verdict == "local"
+            others = [cpus for node, cpus in nodes.items() if node != home]
+            if others:
+                os.sched_setaffinity(0, others[0])
+                assert binding.this_rank(device, local_rank=index).verdict == "far"
+    finally:
+        os.sched_setaffinity(0, before)

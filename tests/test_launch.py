@@ -1,6 +1,7 @@
 """`scaledl launch`: golden commands from recorded environments, its errors, and one real launch."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from scaledl.cli import main
 from scaledl.launch import Target, build_plan, parse_target
 from scaledl.launch_env import LaunchError
 from scaledl.sharding import worker_context
-from scaledl.systems import AURORA_COMM_ENV, AURORA_TILE_BIND, POLARIS_COMM_ENV, detect_system
+from scaledl.systems import AURORA_COMM_ENV, POLARIS_COMM_ENV, POLARIS_GPU_BIND, detect_system
 
 DDP = Target("scaledl.ladder.ddp", ("--epochs", "1"))
 POLARIS_HOSTS = ("x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov", "x3005c0s13b1n0.hsn.cm.polaris.alcf.anl.gov")
@@ -52,6 +53,7 @@ def test_polaris_one_node(tmp_path):
     plan = build_plan(4, DDP, env=env, hostname="x3005c0s13b0n0", python="python")
     assert plan.command == ["mpiexec", "-n", "4", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth",
                             "--hostfile", env["PBS_NODEFILE"], "--env", "OMP_NUM_THREADS=8",
+                            "bash", "-c", POLARIS_GPU_BIND, "gpu-bind",
                             "python", "-m", "scaledl.ladder.ddp", "--epochs", "1"]
     assert plan.env == {p.name: p.value for p in POLARIS_COMM_ENV}
     assert plan.env["NCCL_NET"] == "AWS Libfabric"
@@ -62,15 +64,27 @@ def test_polaris_two_nodes_keeps_what_the_user_set(tmp_path):
     plan = build_plan(8, Target("train.py"), env=env, hostname="x3005c0s13b0n0", python="python",
                       overrides={"NCCL_DEBUG": "INFO"})
     assert plan.command == ["mpiexec", "-n", "8", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth",
-                            "--hostfile", env["PBS_NODEFILE"], "--env", "OMP_NUM_THREADS=8", "python", "train.py"]
+                            "--hostfile", env["PBS_NODEFILE"], "--env", "OMP_NUM_THREADS=8",
+                            "bash", "-c", POLARIS_GPU_BIND, "gpu-bind", "python", "train.py"]
     assert (plan.nodes, plan.world_size) == (2, 8)
     assert "NCCL_CROSS_NIC" not in plan.env and plan.kept == {"NCCL_CROSS_NIC": "0"}
     assert plan.env["NCCL_DEBUG"] == "INFO" and plan.env["FI_MR_CACHE_MONITOR"] == "userfaultfd"
 
 
-def test_polaris_single_rank_gets_the_whole_node(tmp_path):
+def test_polaris_single_rank_gets_the_numa_node_of_its_gpu(tmp_path):
+    # Cores 0-7 (NUMA node 0) and GPU 3, the one on that node; tests/test_binding.py checks every --ppn.
     plan = build_plan(1, DDP, env=polaris_job(tmp_path, 1), python="python")
-    assert plan.command[:8] == ["mpiexec", "-n", "1", "--ppn", "1", "--depth", "32", "--cpu-bind"]
+    assert plan.command[:9] == ["mpiexec", "-n", "1", "--ppn", "1", "--depth", "8", "--cpu-bind", "depth"]
+
+
+def test_polaris_wrapper_gives_local_rank_r_gpu_3_minus_r():
+    devices = []
+    for local_rank in range(4):
+        env = {"PATH": os.environ["PATH"], "PALS_LOCAL_RANKID": str(local_rank)}
+        result = subprocess.run(["bash", "-c", POLARIS_GPU_BIND, "gpu-bind", "printenv", "CUDA_VISIBLE_DEVICES"],
+                                env=env, capture_output=True, text=True, check=True)
+        devices.append(result.stdout.strip())
+    assert devices == ["3", "2", "1", "0"]  # ALCF's set_affinity_gpu_polaris.sh
 
 
 def test_aurora_two_nodes_binds_one_tile_per_rank(tmp_path):
@@ -81,22 +95,10 @@ def test_aurora_two_nodes_binds_one_tile_per_rank(tmp_path):
         "mpiexec", "-n", "24", "--ppn", "12",
         "--cpu-bind", "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100",
         "--hostfile", env["PBS_NODEFILE"], "--env", "OMP_NUM_THREADS=8",
-        "bash", "-c", AURORA_TILE_BIND, "tile-bind", "python", "-m", "scaledl.ladder.ddp", "--epochs", "1"]
+        "python", "-m", "scaledl.ladder.ddp", "--epochs", "1"]  # no mask: local rank r takes xpu:<r>
     assert plan.env == {p.name: p.value for p in AURORA_COMM_ENV}
+    assert plan.env["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT"
     assert plan.env["CCL_PROCESS_LAUNCHER"] == "pmix" and plan.env["FI_PROVIDER"] == "cxi"
-
-
-def test_aurora_tile_wrapper_gives_each_local_rank_its_own_tile():
-    masks = []
-    for local_rank in range(12):
-        env = {"PATH": os.environ["PATH"], "PALS_LOCAL_RANKID": str(local_rank)}
-        result = subprocess.run(["bash", "-c", AURORA_TILE_BIND, "tile-bind", "printenv", "ZE_AFFINITY_MASK"],
-                                env=env, capture_output=True, text=True, check=True)
-        masks.append(result.stdout.strip())
-    assert masks == [f"{gpu}.{tile}" for gpu in range(6) for tile in range(2)]
-    outside = subprocess.run(["bash", "-c", AURORA_TILE_BIND, "tile-bind", "true"], env={"PATH": os.environ["PATH"]},
-                             capture_output=True, text=True)
-    assert outside.returncode != 0 and "not started by PALS mpiexec" in outside.stderr
 
 
 def test_slurm_two_nodes():
@@ -161,10 +163,11 @@ def test_dry_run_prints_the_environment_and_the_command(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     plan = build_plan(8, Target("scaledl.ladder.ddp"), env=env, python=tool("python"))  # scaledl's own interpreter
-    assert lines[-1].split() == plan.command  # no argument here needs quoting
+    assert shlex.split(lines[-1]) == plan.command  # a line the shell reads back as the same words
     exports = [line for line in lines if line.startswith("export ")]
     assert [line.split("=")[0][len("export "):] for line in exports] == list(plan.env)
-    assert all(" # " in line and "docs.alcf.anl.gov" in line for line in exports)  # what it is for, where documented
+    # what it is for, where documented (ALCF's guide; NVIDIA's for CUDA's own variable)
+    assert all(" # " in line and ("docs.alcf.anl.gov" in line or "docs.nvidia.com" in line) for line in exports)
     assert "# kept your FI_CXI_DEFAULT_CQ_SIZE=262144" in lines
     assert not (tmp_path / "runs").exists()
 

@@ -18,9 +18,9 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Mapping
 
-from scaledl import launchers
+from scaledl import binding, launchers
 from scaledl.errors import UserError
-from scaledl.systems import SYSTEMS, detect_system
+from scaledl.systems import RESERVED_CPUS, SYSTEMS, detect_system
 
 FRAMEWORKS = {  # distribution -> (rungs that need it, extra to install)
     "torch": ("every PyTorch rung", "torch"),
@@ -233,6 +233,41 @@ def check_devices(system: str) -> tuple[list[Finding], int]:
     return found, gpus
 
 
+BINDING_KIND = {"polaris": "cuda", "aurora": "xpu"}  # the systems whose launch binds CPUs and GPUs itself
+BINDING_FIX = ("launch with scaledl launch (or engines.start()), which pairs them; a variable you set yourself "
+               "(CUDA_VISIBLE_DEVICES, ZE_AFFINITY_MASK, ZE_FLAT_DEVICE_HIERARCHY) is kept: unset it")
+
+
+def check_binding(system: str, env: Mapping[str, str], root: str = binding.SYSFS) -> list[Finding]:
+    """Each GPU's NUMA node, and on Polaris and Aurora where each local rank of a launch would run."""
+    addresses = binding.gpus(root)
+    if not addresses:
+        return [info("no GPU on this node's PCI bus: no CPU-GPU binding to check")]
+    nodes = binding.numa_nodes(root)
+    found = []
+    for address in addresses:
+        node = binding.gpu_numa_node(address, root)
+        where = f"NUMA node {node} (CPUs {binding.format_cpulist(nodes.get(node, ()))})" if node is not None \
+            else "a machine with one NUMA node"
+        found.append(ok(f"GPU {address} on {where}"))
+    kind = BINDING_KIND.get(system)
+    if kind is None:
+        return found + [info(f"binding of ranks to cores on {system} is the launcher's: check it inside the ranks "
+                             "(scaledl.binding.this_rank)")]
+    from scaledl.launch import Target, build_plan
+
+    ppn = SYSTEMS[system].ranks_per_node
+    try:
+        plan = build_plan(ppn, Target("scaledl.binding"), ppn=ppn, system=system, env=env, dry_run=True)
+    except UserError as error:
+        return found + [problem(f"no launch to check the binding of: {error}", "see the launch error above")]
+    placements = binding.plan(plan.command, {**env, **plan.env}, kind, ppn, root, RESERVED_CPUS.get(system, ()))
+    for placement in placements:
+        text = f"binding of scaledl launch: {placement.line()}"
+        found.append(ok(text) if placement.verdict == "local" else problem(text, BINDING_FIX))
+    return found
+
+
 def check_launcher(system: str, env: Mapping[str, str]) -> list[Finding]:
     name = SYSTEMS[system].launcher
     path = launchers.tool(name) if name == "torchrun" else shutil.which(name, path=env.get("PATH"))
@@ -291,7 +326,8 @@ def check_comm_env(system: str, env: Mapping[str, str]) -> list[Finding]:
     return found
 
 
-def diagnose(env: Mapping[str, str] | None = None, system: str | None = None) -> tuple[str, list[Finding]]:
+def diagnose(env: Mapping[str, str] | None = None, system: str | None = None,
+             sysfs: str = binding.SYSFS) -> tuple[str, list[Finding]]:
     env = dict(os.environ if env is None else env)
     findings = []
     if system is None:
@@ -305,7 +341,8 @@ def diagnose(env: Mapping[str, str] | None = None, system: str | None = None) ->
         findings.append(ok(f"system: {system} (--system)"))
     findings += check_site() + check_frameworks()
     device_findings, gpus = check_devices(system)
-    findings += device_findings + check_horovod(gpus) + check_mpi(env) + check_launcher(system, env)
+    findings += device_findings + check_binding(system, env, sysfs)
+    findings += check_horovod(gpus) + check_mpi(env) + check_launcher(system, env)
     findings += check_data(env) + check_comm_env(system, env)
     return system, findings
 
@@ -322,11 +359,16 @@ def format_report(system: str, findings: list[Finding]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Report frameworks, devices, MPI, launchers, data and communication settings."
+    parser.description = "Report frameworks, devices, CPU-GPU binding, MPI, launchers, data and communication settings."
     parser.add_argument("--system", choices=sorted(SYSTEMS), help="check for this system (default: detected)")
+    parser.add_argument("--sysfs", default=binding.SYSFS, metavar="ROOT",
+                        help="read the node's topology from ROOT/sys (a copy of another node's; default /)")
 
 
 def run(args: argparse.Namespace) -> int:
-    system, findings = diagnose(system=args.system)
+    if not Path(args.sysfs, "sys").is_dir():
+        print(f"scaledl doctor: error: --sysfs {args.sysfs}: no sys folder there", file=sys.stderr)
+        return 2
+    system, findings = diagnose(system=args.system, sysfs=args.sysfs)
     print(format_report(system, findings))
     return 1 if any(f.level == "problem" for f in findings) else 0

@@ -21,8 +21,8 @@ from typing import Mapping
 from scaledl import launchers
 from scaledl.errors import UserError
 from scaledl.launch_env import LaunchError
-from scaledl.systems import (AURORA_CPU_LISTS, AURORA_TILE_BIND, POLARIS_CORES_PER_NODE, SYSTEMS, Preset,
-                             detect_system, node_list, slurm_gpus_per_node, slurm_nodes)
+from scaledl.systems import (AURORA_CPU_LISTS, POLARIS_CORES_PER_GPU, POLARIS_GPU_BIND, SYSTEMS, Preset,
+                             detect_system, node_list, slurm_binds_cpus, slurm_gpus_per_node, slurm_nodes)
 
 PROG = "scaledl launch"
 
@@ -162,19 +162,22 @@ def _pbs_hostfile(nodes: int, env, dry_run: bool) -> str:
 
 
 def _polaris(nranks, nodes, ppn, target, env, python, dry_run):
-    # --depth spreads each rank's threads over its share of the node's cores.
-    depth = POLARIS_CORES_PER_NODE // ppn
+    # Local rank r: cores 8r..8r+7 (NUMA node r) and GPU 3 - r, the GPU on that NUMA node
+    # (scaledl.systems.POLARIS_GPU_BIND says why), for any --ppn up to 4.
+    depth = POLARIS_CORES_PER_GPU
     command = ["mpiexec", "-n", str(nranks), "--ppn", str(ppn), "--depth", str(depth), "--cpu-bind", "depth",
                "--hostfile", _pbs_hostfile(nodes, env, dry_run), "--env", f"OMP_NUM_THREADS={depth}",
-               *target.python_command(python)]
+               "bash", "-c", POLARIS_GPU_BIND, "gpu-bind", *target.python_command(python)]
     return command, {}
 
 
 def _aurora(nranks, nodes, ppn, target, env, python, dry_run):
+    # Local rank r: 8 cores of its socket and xpu:<r>, a tile of a GPU on that socket
+    # (scaledl.systems.AURORA_CPU_LISTS says why); no device mask.
     cores = "list:" + ":".join(AURORA_CPU_LISTS[:ppn])
     command = ["mpiexec", "-n", str(nranks), "--ppn", str(ppn), "--cpu-bind", cores,
                "--hostfile", _pbs_hostfile(nodes, env, dry_run), "--env", "OMP_NUM_THREADS=8",
-               "bash", "-c", AURORA_TILE_BIND, "tile-bind", *target.python_command(python)]
+               *target.python_command(python)]
     return command, {}
 
 
@@ -183,9 +186,12 @@ def _slurm(nranks, nodes, ppn, target, env, python, dry_run):
     if allocated is not None and allocated < nodes:
         raise LaunchError(f"the Slurm job has {allocated} node{'s' * (allocated != 1)} but this launch needs "
                           f"{nodes}: ask sbatch/salloc for --nodes={nodes}, or lower -n")
-    gpus = ["--gpus-per-task", "1"] if slurm_gpus_per_node(env) else []
+    gpus = ["--gpus-per-task", "1"] if slurm_gpus_per_node(env) else []  # none on a CPU partition
+    # Each rank on cores of its own, where the cluster can bind (task/affinity) and the user has
+    # not chosen a binding (SLURM_CPU_BIND); elsewhere srun would only print that it cannot.
+    bind = [] if "SLURM_CPU_BIND" in env or slurm_binds_cpus(env) is False else ["--cpu-bind=cores"]
     command = ["srun", "-N", str(nodes), "-n", str(nranks), "--ntasks-per-node", str(ppn), *gpus,
-               "--cpu-bind=cores", *target.python_command(python)]
+               *bind, *target.python_command(python)]
     return command, {}
 
 

@@ -9,7 +9,9 @@ presets that `scaledl launch` exports unless the variable is already set, so a u
 from __future__ import annotations
 
 import re
+import shutil
 import socket
+import subprocess
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -18,6 +20,8 @@ from scaledl.launch_env import LaunchError, read_nodefile
 POLARIS_NCCL_DOCS = "ALCF user guide, Polaris > Data Science > NCCL (docs.alcf.anl.gov/polaris)"
 AURORA_CCL_DOCS = "ALCF user guide, Aurora > Data Science > oneCCL (docs.alcf.anl.gov/aurora)"
 AURORA_JOBS_DOCS = "https://docs.alcf.anl.gov/aurora/running-jobs-aurora"
+AURORA_PYTORCH_DOCS = "https://docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch"
+CUDA_ENV_DOCS = "CUDA Programming Guide, CUDA Environment Variables (docs.nvidia.com/cuda)"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class System:
 
 
 POLARIS_COMM_ENV = (
+    Preset("CUDA_DEVICE_ORDER", "PCI_BUS_ID",
+           "CUDA numbers the GPUs as nvidia-smi and ALCF's affinity table do, so CUDA_VISIBLE_DEVICES=3 is the "
+           "GPU next to cores 0-7", CUDA_ENV_DOCS),
     Preset("NCCL_NET", "AWS Libfabric",
            "use the aws-ofi-nccl plugin (libfabric over Slingshot), not TCP sockets, between nodes",
            POLARIS_NCCL_DOCS),
@@ -68,8 +75,12 @@ AURORA_COMM_ENV = (
     Preset("CCL_CONFIGURATION", "cpu_gpu_dpcpp", "oneCCL's build with GPU (SYCL) buffers", AURORA_CCL_DOCS),
     Preset("CCL_KVS_CONNECTION_TIMEOUT", "600", "seconds to wait for all ranks at start-up on many nodes",
            AURORA_CCL_DOCS),
+    Preset("ZE_FLAT_DEVICE_HIERARCHY", "FLAT",
+           "each of the 12 GPU tiles is one device, so local rank r takes xpu:<r>, a tile of its own socket "
+           "(the frameworks module's default; the Aurora PE's is COMPOSITE: 6 devices)", AURORA_PYTORCH_DOCS),
     Preset("ZE_ENABLE_PCI_ID_DEVICE_ORDER", "1",
-           "number GPUs in PCI order, so ZE_AFFINITY_MASK names the same tile on every node", AURORA_JOBS_DOCS),
+           "number GPUs in PCI order, so xpu:<r> is the same tile on every node, next to the cores its "
+           "--cpu-bind list gives", AURORA_JOBS_DOCS),
     Preset("FI_PROVIDER", "cxi", "libfabric's Slingshot provider", AURORA_CCL_DOCS),
     Preset("FI_CXI_DEFAULT_CQ_SIZE", "1048576", "a completion queue large enough for 12 ranks a node",
            AURORA_CCL_DOCS),
@@ -86,18 +97,35 @@ SYSTEMS = {
     "slurm": System("slurm", "srun", 0),
 }
 
-# Polaris: 32 cores a node, 8 per GPU rank.  Aurora: 2 x 52 cores; cores 0 and 52 are kept
-# for the system, so each of the 12 tile ranks gets 8 cores of its own socket.
-POLARIS_CORES_PER_NODE = 32
+POLARIS_AFFINITY_DOCS = ("ALCF user guide, Polaris > Machine Overview > Device Affinity, and Running Jobs > "
+                         "Using GPUs > Binding MPI ranks to GPUs (docs.alcf.anl.gov/polaris)")
+# Polaris: one 32-core EPYC in 4 NUMA nodes of 8 cores, and the 4 A100s attached in reverse order:
+# GPU 0 is next to cores 24-31, GPU 3 next to cores 0-7 (ALCF's Device Affinity table, from
+# `nvidia-smi topo -m`).  `--depth 8 --cpu-bind depth` gives local rank r cores 8r..8r+7, NUMA
+# node r, whatever --ppn is, so rank r must use GPU 3 - r.  ALCF documents exactly this pair for one
+# GPU per rank: depth binding plus set_affinity_gpu_polaris.sh, which exports
+# CUDA_VISIBLE_DEVICES=$((3 - PMI_LOCAL_RANK % 4)) before the program starts.  This is that
+# wrapper inline (a file written at launch would sit in one node's /tmp and be missing on the
+# others); each rank then sees one GPU, cuda:0, its own.  A `--cpu-bind list:24-31:16-23:...`
+# with all GPUs visible would pair them as well, but needs the list rewritten for every --ppn.
+POLARIS_CORES_PER_GPU = 8
+POLARIS_GPU_BIND = ('r=${PALS_LOCAL_RANKID:?not started by PALS mpiexec}; '
+                    'export CUDA_VISIBLE_DEVICES=$((3 - r % 4)); exec "$@"')
+
+# Aurora: 2 sockets of 52 cores; cores 0 and 52 (and their second threads, 104 and 156) are kept
+# for the system, and GPUs 0-2 sit on socket 0, 3-5 on socket 1.  ALCF's list for 12 ranks a node
+# gives ranks 0-5 8 cores each of socket 0 and ranks 6-11 8 cores each of socket 1
+# (docs/aurora/running-jobs-aurora.md, "Binding MPI ranks and threads to cores", Example 4:
+# `--cpu-bind=depth` instead would split rank 6 across the sockets).  The GPU side: the frameworks
+# module sets ZE_FLAT_DEVICE_HIERARCHY=FLAT, so each of the 12 tiles is one device and, with
+# ZE_ENABLE_PCI_ID_DEVICE_ORDER=1, device k is tile k % 2 of GPU k // 2: local rank r takes
+# xpu:<r> (scaledl.devices.pick_device), on its own socket, with no mask; ALCF recommends no
+# gpu_tile_compact.sh under that module, and its `GPU.tile` masks are not valid under FLAT (Level
+# Zero specification, "Affinity Mask").
 AURORA_CPU_LISTS = ("1-8", "9-16", "17-24", "25-32", "33-40", "41-48",
                     "53-60", "61-68", "69-76", "77-84", "85-92", "93-100")
-
-# Aurora: 6 GPUs of 2 tiles each.  Every rank must see only its tile before Level Zero starts,
-# so PALS runs this wrapper, which sets ZE_AFFINITY_MASK=<gpu>.<tile> from the local rank (as
-# ALCF's gpu_tile_compact.sh does) and then execs the program.  It is inline, not a file:
-# a file written at launch would sit in one node's /tmp and be missing on the others.
-AURORA_TILE_BIND = ('r=${PALS_LOCAL_RANKID:?not started by PALS mpiexec}; '
-                    'export ZE_AFFINITY_MASK=$((r / 2 % 6)).$((r % 2)); exec "$@"')
+AURORA_RESERVED_CPUS = (0, 52, 104, 156)
+RESERVED_CPUS = {"aurora": AURORA_RESERVED_CPUS}
 
 
 def detect_system(env: Mapping[str, str], hostname: str | None = None) -> tuple[str, str]:
@@ -137,3 +165,28 @@ def slurm_gpus_per_node(env: Mapping[str, str]) -> int:
         if match:
             return int(match.group(1))
     return 0
+
+
+def slurm_binds_cpus(env: Mapping[str, str]) -> bool | None:
+    """Whether this Slurm cluster can bind tasks to CPUs (`srun --cpu-bind`), None when unknown.
+
+    srun's --cpu-bind needs the task/affinity plugin; without it srun prints "cluster
+    configuration lacks support for cpu binding" (srun(1), --cpu-bind).  Asked of the
+    controller (`scontrol show config`, TaskPlugin) only inside a job, where it answers."""
+    if "SLURM_JOB_ID" not in env:
+        return None
+    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    if scontrol is None:
+        return None
+    try:
+        result = subprocess.run([scontrol, "show", "config"], capture_output=True, text=True, timeout=10,
+                                env=dict(env))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return task_plugin_binds_cpus(result.stdout) if result.returncode == 0 else None
+
+
+def task_plugin_binds_cpus(config: str) -> bool | None:
+    """From `scontrol show config`'s text: is task/affinity among the TaskPlugin list?"""
+    match = re.search(r"^TaskPlugin\s*=\s*(\S+)", config, re.MULTILINE)
+    return "task/affinity" in match.group(1).split(",") if match else None
