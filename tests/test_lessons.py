@@ -184,6 +184,12 @@ def test_wrong_claims_stay_corrected():
     zero = (ROOT / "solutions" / "09_zero_fsdp.ipynb").read_text()
     assert "largest layer gathered in fp32" not in zero and "4 bytes per parameter of the largest layer" in zero
     assert "stage 1 saves nothing here" not in zero
+    profile = (ROOT / "solutions" / "02_single_device.ipynb").read_text()
+    assert "especially backward" not in profile and "self time by kind" in profile  # computed from the run
+    collectives = (ROOT / "solutions" / "03_collectives.ipynb").read_text()
+    assert "never see half of it" not in collectives and "every sample twice per epoch" in collectives
+    adasum = (ROOT / "solutions" / "05_horovod_torch.ipynb").read_text()
+    assert "without scaling `lr`" not in adasum and "hvd.local_size()" in adasum
 
 
 def test_lessons_import_no_rung_internals():
