@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -167,3 +168,35 @@ def test_an_interrupted_deepspeed_start_leaves_no_shared_memory(tmp_path):
     os.killpg(runner.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
     assert_all_gone(runner, str(out_dir), time.monotonic())
     assert not shm_buffers(port), shm_buffers(port)
+
+
+# A rank under a launcher, ending on its own while its launcher ends too (horovodrun's per-rank
+# process reaps the rank and exits at once).  A child that outlives the rank holds its end of
+# the wakeup socket, so the watcher hears no end-of-file and finds both gone at its next look.
+RACE = r"""
+import os, subprocess, sys, time
+
+RANK = '''
+import os, subprocess, sys, time
+from scaledl import signals
+signals.install("rank: stopped by {signal}")
+subprocess.Popen(["sleep", "2"], pass_fds=(signals.install.writer.fileno(),), stderr=subprocess.DEVNULL)
+print("ready", flush=True)
+time.sleep(float(sys.argv[1]))
+os._exit(0)
+'''
+rank = subprocess.Popen([sys.executable, "-c", RANK, sys.argv[1]], stdout=subprocess.PIPE, text=True,
+                        env={**os.environ, "LOCAL_RANK": "0"})
+rank.stdout.readline()
+rank.wait()
+os._exit(0)
+"""
+
+
+def test_the_watcher_says_nothing_when_the_rank_and_its_launcher_end_together():
+    for attempt in range(6):
+        delay = 0.1 * (attempt % 3)  # where in the watcher's half-second look the ending falls
+        # The launcher's stderr is the rank's and its watcher's: it is read until the watcher has exited.
+        result = subprocess.run([sys.executable, "-c", RACE, str(delay)], capture_output=True, text=True,
+                                env=clean_env(1), timeout=60)
+        assert result.returncode == 0 and result.stderr == "", f"attempt {attempt}:\n{result.stderr}"

@@ -246,15 +246,24 @@ def exit_process(code: int) -> None:
     shutdown ("terminate called without an active exception") after a successful run.  So
     the rungs shut Horovod down and finalize MPI themselves, flush their output, and leave.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    from scaledl import signals
+
+    signals.leave()  # a signal from here on (the launcher ending the job) must not raise in the sleep below
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # the reader is gone (a launcher that exited, a closed pipe): nothing left to say
     if "torch.distributed" in sys.modules:
         time.sleep(_WORKER_DRAIN_S)  # let lagging collective worker threads let go (see teardown)
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        if name in sys.modules and sys.modules[name].is_initialized():
-            sys.modules[name].shutdown()
-    if "mpi4py.MPI" in sys.modules:
-        mpi = sys.modules["mpi4py.MPI"]
-        if mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi.Finalize()
+    try:
+        for name in ("horovod.torch", "horovod.tensorflow"):
+            if name in sys.modules and sys.modules[name].is_initialized():
+                sys.modules[name].shutdown()
+        if "mpi4py.MPI" in sys.modules:
+            mpi = sys.modules["mpi4py.MPI"]
+            if mpi.Is_initialized() and not mpi.Is_finalized():
+                mpi.Finalize()
+    except Exception:  # noqa: BLE001  a peer already gone can fail the shutdown; the status is decided
+        pass
     os._exit(code)

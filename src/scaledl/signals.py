@@ -31,6 +31,7 @@ PR_SET_PDEATHSIG = 1
 
 received: int | None = None  # the first signal the main thread saw, if any
 reported = False  # set once this rank's one line about it is out
+leaving = False  # set by `leave()`: the process is exiting with its status, a signal changes nothing
 _cleanups: list = []
 _installed = False
 
@@ -133,10 +134,21 @@ def _die_with_parent() -> None:
 
 def _on_signal(signum, frame):
     global received
-    if received is not None:
-        return  # already unwinding: a second Ctrl-C must not interrupt the cleanup
+    if received is not None or leaving:
+        # Already unwinding: a second Ctrl-C must not interrupt the cleanup.  Or already
+        # leaving: the launcher's SIGTERM to a rank that is exiting anyway (its peer stopped)
+        # must not turn its last moments into a traceback.  The watcher still heard it and
+        # ends the process after GRACE_S if it does not end by itself.
+        received = signum if received is None else received
+        return
     received = signum
     raise Interrupted(signum)
+
+
+def leave() -> None:
+    """From here on the process is exiting: a signal is noted, not raised (see `_on_signal`)."""
+    global leaving
+    leaving = True
 
 
 # The watcher is a small process of its own, not a thread: a rank can sit in C++ holding the
@@ -145,10 +157,6 @@ def _on_signal(signum, frame):
 # to the wakeup fd, which the watcher reads.  It exits when the rank does.
 _WATCHER = r"""
 import os, select, signal, sys, time
-rank, fd, grace, poll = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-handled, line = {int(s) for s in sys.argv[5].split(",")}, sys.argv[6]
-launchers = [(int(p), t) for p, t in (w.split(":") for w in sys.argv[7:])]
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the watcher's group too: only the rank's counts
 def start_time(pid):
     try:
         stat = open(f"/proc/{pid}/stat").read()
@@ -162,26 +170,52 @@ def shared_memory(pid):
     except OSError:
         return set()
     return {m.split()[-1] for m in maps if " /dev/shm/deepspeed_" in m}
-deadline, heard = None, signal.SIGTERM
-while os.getppid() == rank:
-    if select.select([fd], [], [], poll)[0]:
-        got = [b for b in os.read(fd, 64) if b in handled]
-        if got and deadline is None:
-            deadline, heard = time.monotonic() + grace, got[0]
-    if deadline is None and any(start_time(p) != t for p, t in launchers):
-        os.kill(rank, signal.SIGTERM)  # the launcher is gone: stop the way its signal would have
-    if deadline is not None and time.monotonic() > deadline:
-        for path in shared_memory(rank):  # DeepSpeed never removes its buffers
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        try:
-            os.kill(rank, signal.SIGKILL)
-        except OSError:
-            break
-        sys.stderr.write(line.replace("{signal}", signal.Signals(heard).name) + "\n")
-        break
+def signal_rank(rank, born, signum):
+    # The rank (this process's parent) may end at any moment, and its pid be reused.
+    if os.getppid() != rank or start_time(rank) != born:
+        return False
+    try:
+        os.kill(rank, signum)
+    except OSError:
+        return False
+    return True
+def watch():
+    rank, fd, grace, poll = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    handled, line = {int(s) for s in sys.argv[5].split(",")}, sys.argv[6]
+    launchers = [(int(p), t) for p, t in (w.split(":") for w in sys.argv[7:])]
+    born = start_time(rank)
+    deadline, heard, told = None, signal.SIGTERM, False
+    while os.getppid() == rank:
+        if select.select([fd], [], [], poll)[0]:
+            data = os.read(fd, 64)
+            if not data:
+                return  # the rank closed its end: it is exiting
+            got = [b for b in data if b in handled]
+            if got and deadline is None:
+                deadline, heard = time.monotonic() + grace, got[0]
+        if deadline is None and not told and any(start_time(p) != t for p, t in launchers):
+            told = signal_rank(rank, born, signal.SIGTERM)  # the launcher is gone: stop as its signal would
+            if not told:
+                return
+        if deadline is not None and time.monotonic() > deadline:
+            for path in shared_memory(rank):  # DeepSpeed never removes its buffers
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            if signal_rank(rank, born, signal.SIGKILL):
+                os.write(2, (line.replace("{signal}", signal.Signals(heard).name) + "\n").encode())
+            return
+# Ctrl-C reaches the watcher's group too: only the rank's counts.  Whatever happens here, the
+# rank's output (which is also the watcher's) gets no traceback: a launcher that closed the
+# pipe, a rank gone between two looks, a signal to the whole group.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+try:
+    watch()
+except BaseException:
+    pass
+os._exit(0)
 """
 
 
