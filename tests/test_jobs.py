@@ -66,6 +66,38 @@ def test_flags_reach_the_scripts(tmp_path):
     assert "--zero-stage 3" in (tmp_path / "aurora/zero3.sh").read_text()
 
 
+def test_cpu_partition_scripts_ask_for_no_gpus(tmp_path):
+    result = subprocess.run([tool("scaledl"), "jobs", "--out", str(tmp_path), "--system", "slurm",
+                             "--slurm-gpus-per-node", "0", "--max-nodes", "1", "--slurm-partition", "cpu"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for name in [*RUNGS, "sweep"]:
+        script = tmp_path / "slurm" / f"{name}.sh"
+        found = directives(script, "#SBATCH")
+        assert not [d for d in found if d.startswith("--gpus")], (name, found)
+        assert {"--nodes=1", "--partition=cpu"} <= set(found), (name, found)
+        assert "# A CPU partition (scaledl jobs --slurm-gpus-per-node 0)" in script.read_text()
+    # Two ranks a node without GPUs (the lessons' CPU ranks), unless asked for more.
+    assert "--ntasks-per-node=2" in directives(tmp_path / "slurm/ddp.sh", "#SBATCH")
+    subprocess.run([tool("scaledl"), "jobs", "--out", str(tmp_path / "more"), "--system", "slurm",
+                    "--slurm-gpus-per-node", "0", "--slurm-ranks-per-node", "8"], check=True, capture_output=True)
+    assert {"--nodes=2", "--ntasks-per-node=8"} <= set(directives(tmp_path / "more/slurm/ddp.sh", "#SBATCH"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--slurm-gpus-per-node", "-1"], "--slurm-gpus-per-node must be between 0 (a CPU partition) and 16, got -1"),
+    (["--slurm-gpus-per-node", "17"], "--slurm-gpus-per-node must be between 0"),
+    (["--slurm-ranks-per-node", "0"], "--slurm-ranks-per-node must be between 1 and 256, got 0"),
+    (["--max-nodes", "0"], "--max-nodes must be at least 1, got 0"),
+    (["--slurm-partition", "cpu\n#SBATCH --x"], "is not a partition name"),
+])
+def test_bad_cluster_flags_are_one_line_and_write_nothing(tmp_path, flags, message):
+    result = subprocess.run([tool("scaledl"), "jobs", "--out", str(tmp_path / "out"), *flags],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
 def run_script(script: Path, env: dict, tmp_path: Path) -> list[list[str]]:
     """Run a job script with `scaledl launch --dry-run`; return the launch command of each launch."""
     full_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SCALEDL_VENV": str(ROOT / ".venv"),
@@ -100,3 +132,19 @@ def test_slurm_rung_script_launches_every_gpu_of_the_job(generated, tmp_path):
     [launch] = run_script(generated / "slurm/ddp.sh", env, tmp_path)
     assert launch[:8] == ["srun", "-N", "2", "-n", "8", "--ntasks-per-node", "4", "--gpus-per-task"]
     assert launch[launch.index("-m") + 1] == "scaledl.ladder.ddp"
+
+
+@pytest.mark.slow
+def test_cpu_partition_script_launches_without_gpus_and_passes_run_flags(tmp_path):
+    jobs.generate(tmp_path / "jobs", ["slurm"], slurm_gpus_per_node=0, max_nodes=1)
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path),
+           "SCALEDL_RUN_FLAGS": "--epochs 1 --train-limit 256"}
+    [launch] = run_script(tmp_path / "jobs/slurm/ddp.sh", env, tmp_path)
+    assert launch[:7] == ["srun", "-N", "1", "-n", "2", "--ntasks-per-node", "2"]
+    assert "--gpus-per-task" not in launch
+    assert launch[-6:] == ["--out-dir", "runs/ddp/1nodes", "--epochs", "1", "--train-limit", "256"]
+    # A requeued job finds its checkpoint and goes on from it.
+    (tmp_path / "runs/ddp/1nodes").mkdir(parents=True)
+    (tmp_path / "runs/ddp/1nodes/checkpoint.pt").write_bytes(b"")
+    [launch] = run_script(tmp_path / "jobs/slurm/ddp.sh", env, tmp_path)
+    assert launch[-5:-4] == ["--resume"] and launch[-7:-5] == ["--out-dir", "runs/ddp/1nodes"]

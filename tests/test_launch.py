@@ -14,7 +14,7 @@ from scaledl.cli import main
 from scaledl.launch import Target, build_plan, parse_target
 from scaledl.launch_env import LaunchError
 from scaledl.sharding import worker_context
-from scaledl.systems import AURORA_COMM_ENV, POLARIS_COMM_ENV, POLARIS_GPU_BIND, detect_system
+from scaledl.systems import AURORA_COMM_ENV, POLARIS_COMM_ENV, POLARIS_GPU_BIND, detect_system, task_plugin_binds_cpus
 
 DDP = Target("scaledl.ladder.ddp", ("--epochs", "1"))
 POLARIS_HOSTS = ("x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov", "x3005c0s13b1n0.hsn.cm.polaris.alcf.anl.gov")
@@ -109,6 +109,15 @@ def test_slurm_two_nodes():
     assert plan.command == ["srun", "-N", "2", "-n", "8", "--ntasks-per-node", "4", "--gpus-per-task", "1",
                             "--cpu-bind=cores", "python", "-m", "scaledl.ladder.ddp", "--epochs", "1"]
     assert plan.env == {}
+
+
+def test_slurm_binds_cores_only_where_the_cluster_can():
+    assert task_plugin_binds_cpus("TaskPlugin              = task/affinity,task/cgroup\n") is True
+    assert task_plugin_binds_cpus("TaskPlugin              = task/none\nTaskPluginParam = (null type)\n") is False
+    assert task_plugin_binds_cpus("no such line") is None
+    # A binding the user chose (SLURM_CPU_BIND, which srun reads) is left to srun.
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPU_BIND": "sockets"}
+    assert "--cpu-bind=cores" not in build_plan(2, DDP, system="slurm", env=env, python="python").command
 
 
 @pytest.mark.parametrize("env, hostname, system", [

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import PROBES, reports, run, tool
 from scaledl import launchers
-from scaledl.launch_env import LaunchError, detect, expand_slurm_nodelist, high_speed_name, job_port
+from scaledl.launch_env import LaunchError, detect, expand_slurm_nodelist, high_speed_name, job_port, slurm_port
 
 
 def nodefile(tmp_path, *hosts):
@@ -50,7 +50,7 @@ def test_high_speed_name_leaves_other_hosts_alone():
 
 
 # The environments of a job of `sbatch --nodes=2 --ntasks-per-node=2`, as sbatch(1) and srun(1) list
-# them in OUTPUT ENVIRONMENT VARIABLES (no Slurm cluster here to record one).  The batch step (the
+# them in OUTPUT ENVIRONMENT VARIABLES (tests/test_slurm.py runs the one-node case for real).  The batch step (the
 # shell running the script) carries the job's SLURM_NTASKS and a SLURM_PROCID/SLURM_LOCALID of 0,
 # as if it were rank 0; srun's tasks also carry the step's variables (SLURM_STEP_ID,
 # SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, ...).
@@ -75,8 +75,31 @@ SRUN_RANK_3 = {
 def test_slurm_srun_two_nodes():
     info = detect(SRUN_RANK_3)
     assert (info.launcher, info.rank, info.local_rank, info.world_size, info.local_world_size) == ("slurm", 3, 1, 4, 2)
-    assert info.master_addr == "nid001002"
-    assert job_port(SRUN_RANK_3) == 29500 + 987654 % 10000
+    # Rank 0's host and the port come from srun's own variables: no MPI is asked.
+    assert (info.master_addr, info.master_port) == ("nid001002", 20000 + 654 * 10 + 0)
+
+
+def test_slurm_port_is_the_same_on_every_rank_and_differs_between_steps_and_jobs():
+    rank_0 = {**SRUN_RANK_3, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "nid001002"}
+    assert detect(rank_0).master_port == detect(SRUN_RANK_3).master_port
+    next_step = {**SRUN_RANK_3, "SLURM_STEP_ID": "1", "SLURM_STEPID": "1"}
+    other_job = {**SRUN_RANK_3, "SLURM_JOB_ID": "987655"}
+    ports = {slurm_port(env) for env in (SRUN_RANK_3, next_step, other_job)}
+    assert len(ports) == 3 and all(20000 <= port < 32768 for port in ports)  # below the ephemeral range
+    assert slurm_port({}) is None
+    # MASTER_PORT given wins; a single task picks a free port itself (two may share a job).
+    assert detect({**SRUN_RANK_3, "MASTER_PORT": "4321"}).master_port == 4321
+    single = {**SRUN_RANK_3, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "1",
+              "SLURM_NTASKS_PER_NODE": "1"}
+    assert detect(single).master_port is None
+
+
+def test_job_port_without_a_batch_job():
+    assert job_port({"PBS_JOBID": "1234.pbs"}) == 29500 + 1234
+    assert job_port({"OMPI_MCA_ess_base_jobid": "1484980225"}) == 29500 + 1484980225 % 10000
+    # Ranks that all run on one node share their launcher's per-node process.
+    assert job_port({}, parent_pid=4242) == 20000 + 4242
+    assert job_port({}) == 29500
 
 
 def test_slurm_batch_step_is_not_a_rank():
@@ -114,9 +137,29 @@ def test_mpi_launchers_that_disagree_are_still_refused():
         detect(env)
 
 
+# Slurm host lists and what `scontrol show hostnames` (Slurm 22.05) prints for them; tests/test_slurm.py
+# checks every one against scontrol itself.
+NODELISTS = {
+    "nid[001-003,007],gpu01": ["nid001", "nid002", "nid003", "nid007", "gpu01"],
+    "gpu17": ["gpu17"],
+    "r[1-2]n[01-02]": ["r1n01", "r1n02", "r2n01", "r2n02"],
+    "nid[8-10]": ["nid8", "nid9", "nid10"],
+    "nid[08-10]": ["nid08", "nid09", "nid10"],
+    "a[1-2],b[3] c": ["a1", "a2", "b3", "c"],
+    "x[1-010]": [f"x{n}" for n in range(1, 11)],
+}
+BAD_NODELISTS = ["node[1-2]-ib", "a[1-2", "a[1-2]]", "a[x]", "a[3-1]", ""]
+
+
 def test_slurm_nodelist_forms():
-    assert expand_slurm_nodelist("nid[001-003,007],login1") == ["nid001", "nid002", "nid003", "nid007", "login1"]
-    assert expand_slurm_nodelist("gpu17") == ["gpu17"]
+    for nodelist, hosts in NODELISTS.items():
+        assert expand_slurm_nodelist(nodelist) == hosts, nodelist
+
+
+@pytest.mark.parametrize("nodelist", BAD_NODELISTS)
+def test_a_bad_slurm_nodelist_is_one_line(nodelist):
+    with pytest.raises(LaunchError, match="Slurm node list"):
+        expand_slurm_nodelist(nodelist)
 
 
 def test_mpich_hydra():
@@ -152,6 +195,23 @@ def test_multi_node_without_rendezvous_or_mpi_is_an_error():
     env = {"HOROVOD_RANK": "1", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_SIZE": "1"}
     with pytest.raises(LaunchError, match="MASTER_ADDR"):
         scaledl.setup(env=env, init_process_group=False)
+
+
+def test_an_mpi4py_for_another_mpi_is_one_line_not_an_mpi_init():
+    # Hydra's variables for rank 1 of 2 on two nodes, and this machine's mpi4py, which loads Open MPI:
+    # its MPI_Init would start a singleton (rank 0 of 1) whose broadcast never reaches rank 0.
+    import scaledl
+    from scaledl import distributed
+
+    if not distributed._mpi4py_available() or "Open MPI" not in distributed._mpi_library():
+        pytest.skip("mpi4py here does not load Open MPI")
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+    with pytest.raises(LaunchError, match=r"mpi4py uses 'Open MPI.*MPICH's launcher.*MASTER_ADDR") as error:
+        scaledl.setup(env=env, init_process_group=False)
+    assert "\n" not in str(error.value)
+    from mpi4py import MPI
+
+    assert not MPI.Is_initialized()  # looked at, never started
 
 
 def check_two_local_ranks(found, launcher, master_addr=None):

@@ -38,10 +38,16 @@ source "$SCALEDL_VENV/bin/activate"
 
 NNODES=$(sort -u "$PBS_NODEFILE" | wc -l)
 PPN=12
+# Extra flags for `scaledl launch` (e.g. --dry-run) and for the rung (e.g. "--epochs 1").
 read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+read -ra run_flags <<< "${SCALEDL_RUN_FLAGS:-}"
 
 node_counts=("$NNODES")
 for nodes in "${node_counts[@]}"; do
+    out="runs/horovod_torch/${nodes}nodes"
+    # A requeued or resubmitted job goes on from the checkpoint its last run left there.
+    resume=()
+    if [ -e "$out/checkpoint.pt" ] || [ -d "$out/checkpoint" ]; then resume=(--resume); fi
     scaledl launch --system aurora -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
-        -- scaledl.ladder.horovod_torch --out-dir "runs/horovod_torch/${nodes}nodes"
+        -- scaledl.ladder.horovod_torch --out-dir "$out" "${resume[@]}" "${run_flags[@]}"
 done

@@ -39,13 +39,19 @@ source "$SCALEDL_VENV/bin/activate"
 
 NNODES=$(sort -u "$PBS_NODEFILE" | wc -l)
 PPN=4
+# Extra flags for `scaledl launch` (e.g. --dry-run) and for the rung (e.g. "--epochs 1").
 read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+read -ra run_flags <<< "${SCALEDL_RUN_FLAGS:-}"
 
 # The sweep: 1, 2, 4, ... nodes, up to the nodes of this job (the per-rank batch stays
 # the same, so the global batch grows with the nodes: weak scaling).
 node_counts=()
 for ((n = 1; n <= NNODES; n *= 2)); do node_counts+=("$n"); done
 for nodes in "${node_counts[@]}"; do
+    out="runs/sweep/${nodes}nodes"
+    # A requeued or resubmitted job goes on from the checkpoint its last run left there.
+    resume=()
+    if [ -e "$out/checkpoint.pt" ] || [ -d "$out/checkpoint" ]; then resume=(--resume); fi
     scaledl launch --system polaris -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
-        -- scaledl.ladder.ddp --out-dir "runs/sweep/${nodes}nodes"
+        -- scaledl.ladder.ddp --out-dir "$out" "${resume[@]}" "${run_flags[@]}"
 done

@@ -19,6 +19,9 @@ set -eo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 
 # Load your site's CUDA and MPI modules here (module load ...).
+# The Horovod rungs need MPI in every task: where srun starts tasks without an MPI plugin
+# (scontrol show config | grep MpiDefault says none), export SLURM_MPI_TYPE=pmix (srun --mpi=pmix).
+# The other rungs need no MPI under srun.
 
 # The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
 # `make setup SYSTEM=slurm` makes over the module loaded above (nothing of the module reinstalled).
@@ -33,10 +36,16 @@ source "$SCALEDL_VENV/bin/activate"
 
 NNODES=${SLURM_JOB_NUM_NODES:-1}
 PPN=4
+# Extra flags for `scaledl launch` (e.g. --dry-run) and for the rung (e.g. "--epochs 1").
 read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+read -ra run_flags <<< "${SCALEDL_RUN_FLAGS:-}"
 
 node_counts=("$NNODES")
 for nodes in "${node_counts[@]}"; do
+    out="runs/fsdp/${nodes}nodes"
+    # A requeued or resubmitted job goes on from the checkpoint its last run left there.
+    resume=()
+    if [ -e "$out/checkpoint.pt" ] || [ -d "$out/checkpoint" ]; then resume=(--resume); fi
     scaledl launch --system slurm -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
-        -- scaledl.ladder.fsdp --out-dir "runs/fsdp/${nodes}nodes"
+        -- scaledl.ladder.fsdp --out-dir "$out" "${resume[@]}" "${run_flags[@]}"
 done

@@ -67,10 +67,61 @@ def _mpi4py_available() -> bool:
     return importlib.util.find_spec("mpi4py") is not None
 
 
+# The MPI each launcher's ranks can initialize: its own family.  An MPI of the other family
+# does not see the launcher's ranks (Open MPI under hydra starts as a singleton of 1 rank, so a
+# broadcast never reaches the others) or aborts in MPI_Init (Open MPI under srun without PMI).
+_LAUNCHER_MPI = {"openmpi": "Open MPI", "mpich": "MPICH", "pals": "MPICH"}
+
+
+def _mpi_family(version: str) -> str:
+    """'Open MPI', or 'MPICH' for its family (MPICH, Cray MPICH, Intel MPI, MVAPICH), from
+    MPI_Get_library_version's text."""
+    return "Open MPI" if "Open MPI" in version else "MPICH"
+
+
+def _mpi_library() -> str:
+    """mpi4py's MPI library (MPI_Get_library_version's first line), without initializing MPI.
+
+    mpi4py initializes MPI when `mpi4py.MPI` is imported unless `mpi4py.rc.initialize` is
+    False (mpi4py docs, "mpi4py.rc"); MPI_Get_library_version may be called before MPI_Init
+    (MPI 3.1, section 8.1.1), so the library can be checked before it can abort the process."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        initialize, mpi4py.rc.initialize = mpi4py.rc.initialize, False
+        try:
+            from mpi4py import MPI  # noqa: F401
+        finally:
+            mpi4py.rc.initialize = initialize
+    return sys.modules["mpi4py.MPI"].Get_library_version().strip().splitlines()[0]
+
+
+def _usable_mpi(job: LaunchEnv) -> tuple[bool, str]:
+    """(whether mpi4py can reach this job's ranks, why not)."""
+    wanted = _LAUNCHER_MPI.get(job.launcher)
+    if wanted is None:
+        return False, f"{job.launcher} is not an MPI launcher"
+    if not _mpi4py_available():
+        return False, "mpi4py is not installed"
+    try:
+        library = _mpi_library()
+    except Exception as error:  # noqa: BLE001  no MPI library at all, or one mpi4py cannot load
+        return False, f"mpi4py cannot load an MPI library ({str(error).splitlines()[0][:80]})"
+    if _mpi_family(library) != wanted:
+        return False, (f"mpi4py uses {library!r}, which cannot join ranks started by {wanted}'s launcher "
+                       f"(point mpi4py at {wanted}'s library with MPI4PY_LIBMPI)")
+    return True, ""
+
+
 def _mpi_rendezvous(info: LaunchEnv) -> tuple[str, int]:
-    """Rank 0's host name and a free port on it, broadcast over MPI."""
+    """Rank 0's host name and a free port on it, broadcast over MPI (initialized here if needed)."""
+    import atexit
+
     from mpi4py import MPI
 
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
     mine = (info.master_addr or socket.getfqdn(), free_port()) if info.rank == 0 else None
     return MPI.COMM_WORLD.bcast(mine, root=0)
 
@@ -85,24 +136,31 @@ def rendezvous(job: LaunchEnv, timeout_s: float = 600, env=None) -> dict:
     """The keyword arguments that let `torch.distributed.init_process_group` find rank 0, and
     its `timeout` (a collective waits at most `timeout_s` for a peer, then fails the job).
 
-    Fills in what the launcher left out: under MPI, rank 0 names its host and a port it found
-    free (broadcast over mpi4py); other launchers that leave the port unset get one derived
-    from the batch job's id.  Exports MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK and WORLD_SIZE,
-    which later libraries (DeepSpeed, user code) read.  Also records `timeout_s` so that a
-    collective that times out can be named in the error.
+    Fills in what the launcher left out.  Where the launcher's own variables name rank 0's
+    host (srun's node list and job/step ids, PBS's node file, all ranks on this node) no MPI is
+    needed (`scaledl.launch_env.rendezvous`).  Otherwise, under an MPI launcher whose MPI mpi4py
+    uses, rank 0 names its host and a port it found free (broadcast over mpi4py); the port is
+    else derived from the launch (`job_port`), and a multi-node job that nothing names rank 0 of
+    is one line.  Exports MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK and WORLD_SIZE, which later
+    libraries (DeepSpeed, user code) read.  Also records `timeout_s` so that a collective that
+    times out can be named in the error.
     """
     addr, port = job.master_addr, job.master_port
     if job.world_size == 1:
         addr, port = addr or "127.0.0.1", port or free_port()
     elif port is None or addr is None:
-        if job.launcher in MPI_LAUNCHERS and _mpi4py_available():
+        usable, why_not = _usable_mpi(job)
+        if usable:
             addr, port = _mpi_rendezvous(job)
         elif addr is None:
             raise LaunchError(
-                f"{job.launcher} started {job.world_size} ranks on several nodes without "
-                "MASTER_ADDR: export MASTER_ADDR=<rank 0 host> MASTER_PORT=<port>, or install mpi4py")
+                f"{job.launcher} started {job.world_size} ranks on several nodes and nothing names rank 0's host "
+                f"({why_not}): export MASTER_ADDR=<rank 0 host> MASTER_PORT=<port>")
         else:
-            port = job_port(env if env is not None else os.environ)
+            # An MPI launcher's ranks on one node are children of one process (mpirun, orted,
+            # hydra_pmi_proxy); horovodrun's are not.
+            shared_parent = job.world_size == job.local_world_size and job.launcher in _LAUNCHER_MPI
+            port = job_port(env if env is not None else os.environ, os.getppid() if shared_parent else None)
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(job.rank),
                       LOCAL_RANK=str(job.local_rank), WORLD_SIZE=str(job.world_size),
                       LOCAL_WORLD_SIZE=str(job.local_world_size))

@@ -7,6 +7,8 @@ and the list of node counts differ, so the scripts cannot drift apart.  Each scr
 
     scaledl jobs                        # (re)write jobs/ for every system
     scaledl jobs --check                # list scripts that differ from what would be written
+    scaledl jobs --system slurm --slurm-gpus-per-node 0 --max-nodes 1 --out my_jobs
+                                        # a CPU partition of one node (tools/slurm_cluster.sh's)
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ SWEEP_RUNG = "ddp"
 # Anything else, a newline above all, would become part of the script and run with the job.
 PROJECT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_GPUS_PER_NODE = 16
+MAX_RANKS_PER_NODE = 256
+CPU_RANKS_PER_NODE = 2  # without GPUs, as the lessons' engines: enough ranks to see every collective
 
 
 class JobsError(UserError, ValueError):
@@ -45,9 +49,34 @@ def check_project(project: str) -> str:
 
 
 def check_gpus_per_node(count: int) -> int:
-    if not 1 <= count <= MAX_GPUS_PER_NODE:
-        raise JobsError(f"--slurm-gpus-per-node must be between 1 and {MAX_GPUS_PER_NODE}, got {count}")
+    if not 0 <= count <= MAX_GPUS_PER_NODE:
+        raise JobsError(f"--slurm-gpus-per-node must be between 0 (a CPU partition) and {MAX_GPUS_PER_NODE}, "
+                        f"got {count}")
     return count
+
+
+def check_ranks_per_node(count: int | None) -> int | None:
+    if count is not None and not 1 <= count <= MAX_RANKS_PER_NODE:
+        raise JobsError(f"--slurm-ranks-per-node must be between 1 and {MAX_RANKS_PER_NODE}, got {count}")
+    return count
+
+
+def check_max_nodes(count: int | None) -> int | None:
+    if count is not None and count < 1:
+        raise JobsError(f"--max-nodes must be at least 1, got {count}")
+    return count
+
+
+def check_partition(name: str | None) -> str | None:
+    if name is not None and not PROJECT_PATTERN.fullmatch(name):
+        raise JobsError(f"--slurm-partition {name!r} is not a partition name: use letters, digits, '_', '.' "
+                        "and '-', as `sinfo` lists them")
+    return name
+
+
+def ranks_per_slurm_node(gpus_per_node: int, ranks_per_node: int | None = None) -> int:
+    """One rank per GPU; on a CPU partition CPU_RANKS_PER_NODE, unless given."""
+    return ranks_per_node or gpus_per_node or CPU_RANKS_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -69,13 +98,19 @@ def queue(system: str, nodes: int) -> str:
     return "debug-scaling" if nodes <= {"polaris": 10, "aurora": 31}[system] else "prod"
 
 
-def _directives(job: Job, project: str, slurm_gpus_per_node: int) -> str:
+def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str | None = None) -> str:
     walltime = "01:00:00" if job.sweep else "00:30:00"
     if job.system == "slurm":
-        lines = [f"--job-name=scaledl-{job.name}", f"--account={project}", f"--nodes={job.nodes}",
-                 f"--ntasks-per-node={job.ppn}", f"--gpus-per-node={min(job.ppn, slurm_gpus_per_node)}",
+        gpus = min(job.ppn, slurm_gpus_per_node)
+        lines = [f"--job-name=scaledl-{job.name}", f"--account={project}",
+                 *([f"--partition={partition}"] if partition else []), f"--nodes={job.nodes}",
+                 f"--ntasks-per-node={job.ppn}", *([f"--gpus-per-node={gpus}"] if gpus else []),
                  f"--time={walltime}", "--output=%x-%j.out"]
-        return "\n".join(f"#SBATCH {line}" for line in lines)
+        text = "\n".join(f"#SBATCH {line}" for line in lines)
+        if not gpus:
+            text += ("\n# A CPU partition (scaledl jobs --slurm-gpus-per-node 0): no GPUs asked for; each rank\n"
+                     "# trains on the CPU with gloo.")
+        return text
     select = f"{job.nodes}:system=polaris" if job.system == "polaris" else f"{job.nodes}"
     filesystems = "home:eagle" if job.system == "polaris" else "home:flare"
     lines = [f"-A {project}", f"-q {queue(job.system, job.nodes)}", f"-l select={select}", "-l place=scatter",
@@ -96,7 +131,10 @@ SETUP = {
                "if command -v module >/dev/null 2>&1; then\n"
                "    module load frameworks\n"
                "fi\n"),
-    "slurm": "# Load your site's CUDA and MPI modules here (module load ...).\n",
+    "slurm": ("# Load your site's CUDA and MPI modules here (module load ...).\n"
+              "# The Horovod rungs need MPI in every task: where srun starts tasks without an MPI plugin\n"
+              "# (scontrol show config | grep MpiDefault says none), export SLURM_MPI_TYPE=pmix (srun --mpi=pmix).\n"
+              "# The other rungs need no MPI under srun.\n"),
 }
 
 RUNG_NODE_COUNTS = 'node_counts=("$NNODES")'
@@ -106,25 +144,29 @@ SWEEP_NODE_COUNTS = ("# The sweep: 1, 2, 4, ... nodes, up to the nodes of this j
                      "for ((n = 1; n <= NNODES; n *= 2)); do node_counts+=(\"$n\"); done")
 
 
-def jobs_for(system: str, ranks_per_node: int) -> list[Job]:
+def jobs_for(system: str, ranks_per_node: int, max_nodes: int | None = None) -> list[Job]:
+    """Every rung's job and the sweep's; `max_nodes` caps their node counts (a small cluster)."""
+    cap = max_nodes or SWEEP_NODES
     jobs = []
     for rung, (module, _launcher, flags) in RUNGS.items():
         nodes, ppn = (1, 1) if rung in SINGLE_RANK_RUNGS else (1, PIPELINE_RANKS) if rung == "pipeline" \
-            else (RUNG_NODES, ranks_per_node)
+            else (min(RUNG_NODES, cap), ranks_per_node)
         jobs.append(Job(system, rung, f"The ladder's {rung} rung on {system}.",
                         [f"scaledl.ladder.{module}", *flags], nodes, ppn))
     module, _launcher, flags = RUNGS[SWEEP_RUNG]
     jobs.append(Job(system, "sweep", f"Scaling sweep of the {SWEEP_RUNG} rung on {system}: 1, 2, 4, ... nodes.",
-                    [f"scaledl.ladder.{module}", *flags], SWEEP_NODES, ranks_per_node, sweep=True))
+                    [f"scaledl.ladder.{module}", *flags], min(SWEEP_NODES, cap), ranks_per_node, sweep=True))
     return jobs
 
 
-def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4) -> str:
+def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4,
+           slurm_partition: str | None = None) -> str:
     check_project(project)
     check_gpus_per_node(slurm_gpus_per_node)
+    check_partition(slurm_partition)
     pbs = job.system != "slurm"
     values = {
-        "directives": _directives(job, project, slurm_gpus_per_node),
+        "directives": _directives(job, project, slurm_gpus_per_node, slurm_partition),
         "title": job.title,
         "submit": "qsub" if pbs else "sbatch",
         "system": job.system,
@@ -142,16 +184,18 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
 
 
 def generate(out: str | Path = "jobs", systems=SCHEDULERS, project: str = "YOUR_PROJECT",
-             slurm_gpus_per_node: int = 4, check: bool = False) -> list[Path]:
+             slurm_gpus_per_node: int = 4, check: bool = False, *, slurm_ranks_per_node: int | None = None,
+             slurm_partition: str | None = None, max_nodes: int | None = None) -> list[Path]:
     """Write every job script under `out`; return those that changed (with check: would change)."""
     from scaledl.systems import SYSTEMS
 
     changed = []
     for system in systems:
-        ranks_per_node = SYSTEMS[system].ranks_per_node or slurm_gpus_per_node
-        for job in jobs_for(system, ranks_per_node):
+        ranks_per_node = SYSTEMS[system].ranks_per_node or ranks_per_slurm_node(slurm_gpus_per_node,
+                                                                                 slurm_ranks_per_node)
+        for job in jobs_for(system, ranks_per_node, max_nodes):
             path = Path(out, system, f"{job.name}.sh")
-            text = render(job, project, slurm_gpus_per_node)
+            text = render(job, project, slurm_gpus_per_node, slurm_partition)
             if path.is_file() and path.read_text() == text:
                 continue
             changed.append(path)
@@ -167,7 +211,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="jobs", help="directory to write <system>/<rung>.sh into")
     parser.add_argument("--system", nargs="+", choices=SCHEDULERS, default=list(SCHEDULERS))
     parser.add_argument("--project", default="YOUR_PROJECT", help="allocation to charge (#PBS -A, --account)")
-    parser.add_argument("--slurm-gpus-per-node", type=int, default=4, help="GPUs a node of your Slurm cluster has")
+    parser.add_argument("--slurm-gpus-per-node", type=int, default=4,
+                        help="GPUs a node of your Slurm cluster has (0: a CPU partition)")
+    parser.add_argument("--slurm-ranks-per-node", type=int,
+                        help=f"ranks a Slurm node runs (default: one per GPU; {CPU_RANKS_PER_NODE} without GPUs)")
+    parser.add_argument("--slurm-partition", help="the Slurm partition to submit to (default: the cluster's)")
+    parser.add_argument("--max-nodes", type=int,
+                        help=f"most nodes a job asks for (default: {RUNG_NODES} for a rung, {SWEEP_NODES} for "
+                             "the sweep)")
     parser.add_argument("--check", action="store_true", help="only list scripts that are out of date (exit 1 if any)")
 
 
@@ -177,9 +228,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_project(args.project)
         check_gpus_per_node(args.slurm_gpus_per_node)
+        check_ranks_per_node(args.slurm_ranks_per_node)
+        check_partition(args.slurm_partition)
+        check_max_nodes(args.max_nodes)
         if not args.check:
             check_dir(args.out, "--out")
-        changed = generate(args.out, args.system, args.project, args.slurm_gpus_per_node, args.check)
+        changed = generate(args.out, args.system, args.project, args.slurm_gpus_per_node, args.check,
+                           slurm_ranks_per_node=args.slurm_ranks_per_node, slurm_partition=args.slurm_partition,
+                           max_nodes=args.max_nodes)
     except UserError as error:
         print(f"scaledl jobs: error: {error}", file=sys.stderr)
         return 2

@@ -150,23 +150,55 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
 
 
 def rendezvous(env: Mapping[str, str], info: LaunchEnv) -> tuple[str | None, int | None]:
-    """MASTER_ADDR and MASTER_PORT as given, the address else from the job's node list.
+    """MASTER_ADDR and MASTER_PORT as given, else what the launcher's own variables say.
 
-    None means "not known here": `scaledl.distributed` then asks rank 0 over MPI, or picks a
-    port itself (see `job_port`).
+    The address: the first host of the PBS node file or of the Slurm step's node list (where
+    rank 0 runs), or this host when every rank is on it.  The port, inside a Slurm job: one
+    derived from the job and step ids (`slurm_port`), so srun's tasks need no MPI to agree on
+    it.  None means "not known here": `scaledl.distributed` then asks rank 0 over MPI, or
+    derives one from the launch (`job_port`).
     """
     port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None
     addr = env.get("MASTER_ADDR") or first_node(env)
     if addr is None and info.world_size == info.local_world_size:
         addr = "127.0.0.1"
+    if port is None and addr is not None and info.world_size > 1:
+        port = slurm_port(env)  # (one process picks a free port: two may run side by side in a job)
     return addr, port
 
 
-def job_port(env: Mapping[str, str]) -> int:
-    """A port derived from the batch job's id, so two jobs sharing a node do not collide."""
-    job = env.get("PBS_JOBID") or env.get("SLURM_JOB_ID") or ""
+SLURM_PORT_BASE = 20000  # derived ports stay below Linux's ephemeral range (32768 and up)
+
+
+def slurm_port(env: Mapping[str, str]) -> int | None:
+    """A port for the ranks of one Slurm job step, None outside a Slurm job.
+
+    Every task of a step computes the same number from SLURM_JOB_ID and SLURM_STEP_ID; two
+    steps of a job, or two jobs sharing a node, get different ones unless their ids agree in
+    the last three digits (job) and the last digit (step).  (PyTorch Lightning derives its port
+    from the job id alone, 15000 + its last four digits: `SLURMEnvironment.main_port` in
+    lightning/fabric/plugins/environments/slurm.py.)"""
+    job = re.match(r"\d+", env.get("SLURM_JOB_ID", ""))
+    if not job:
+        return None
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "0"))
+    step_id = int(step) if step.isdigit() else 0
+    return SLURM_PORT_BASE + int(job.group()) % 1000 * 10 + step_id % 10
+
+
+def job_port(env: Mapping[str, str], parent_pid: int | None = None) -> int:
+    """A port every rank of this launch derives alike, where the launcher gave none.
+
+    From the batch job's id (PBS, Slurm) so two jobs sharing a node do not collide; else from
+    Open MPI's job id; else, for ranks that all run on this node, from their parent's pid (the
+    launcher's per-node process: hydra_pmi_proxy, orted, mpirun), which every local rank shares."""
+    job = env.get("PBS_JOBID") or env.get("SLURM_JOB_ID") or env.get("OMPI_MCA_ess_base_jobid") or ""
     digits = re.match(r"\d+", job)
-    return DEFAULT_PORT + int(digits.group()) % 10000 if digits else DEFAULT_PORT
+    if digits:
+        return DEFAULT_PORT + int(digits.group()) % 10000
+    if parent_pid is not None:
+        return SLURM_PORT_BASE + parent_pid % 10000
+    return DEFAULT_PORT
 
 
 HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,252})")
@@ -226,20 +258,58 @@ def high_speed_name(host: str) -> str:
     return f"{short}.hsn.cm.{system}.alcf.anl.gov"
 
 
-def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """'nid[001-003,007],login1' -> ['nid001', 'nid002', 'nid003', 'nid007', 'login1'].
+_HOSTLIST_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
-    (`scontrol show hostnames` does this where Slurm is installed; this works on recordings.)"""
-    hosts = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            for number in range(int(low), int(high or low) + 1):
-                hosts.append(f"{prefix}{number:0{len(low)}d}")
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """Slurm's host list syntax, as `scontrol show hostnames` expands it.
+
+    'nid[001-003,007],gpu01' -> ['nid001', 'nid002', 'nid003', 'nid007', 'gpu01']; a name may hold
+    several bracketed lists ('r[1-2]n[01-02]' -> r1n01 r1n02 r2n01 r2n02); numbers keep the zero
+    padding of the range's first number.  What scontrol calls an invalid host list (text after
+    the last bracket, unbalanced brackets, a range that is not numbers) is a LaunchError."""
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist):
+        if "]" in item and not item.endswith("]"):
+            raise LaunchError(f"Slurm node list {nodelist!r}: {item!r} has text after its last ']'")
+        names = [""]
+        for text, ranges in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", item):
+            numbers = [text + n for n in _expand_ranges(ranges, nodelist)] if ranges else [text]
+            names = [name + n for name in names for n in numbers]
+        hosts.extend(name for name in names if name)
+    if not hosts:
+        raise LaunchError(f"Slurm node list {nodelist!r} names no host")
     return hosts
+
+
+def _split_top_level(nodelist: str) -> list[str]:
+    """Split at commas and blanks outside brackets (as Slurm does); unbalanced brackets are an error."""
+    items, depth, current = [], 0, ""
+    for char in nodelist:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise LaunchError(f"Slurm node list {nodelist!r} has unbalanced brackets")
+        if (char == "," or char.isspace()) and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    if depth:
+        raise LaunchError(f"Slurm node list {nodelist!r} has unbalanced brackets")
+    return [*items, current]
+
+
+def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
+    numbers = []
+    for part in ranges.split(","):
+        match = _HOSTLIST_RANGE.fullmatch(part.strip())
+        if not match:
+            raise LaunchError(f"Slurm node list {nodelist!r}: {part!r} is not a number or a range like 001-004")
+        low, high = match.group(1), match.group(2) or match.group(1)
+        if int(high) < int(low):
+            raise LaunchError(f"Slurm node list {nodelist!r}: range {part!r} runs backwards")
+        numbers += [f"{n:0{len(low)}d}" for n in range(int(low), int(high) + 1)]
+    return numbers
 
 
 def free_port() -> int:
