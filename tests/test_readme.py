@@ -29,3 +29,54 @@ def test_readme_script_trains_under_each_launcher(tmp_path, launcher):
     accuracy = float(re.search(r"epoch 0 test accuracy (\d\.\d+)", output).group(1))
     assert accuracy > 0.9
     assert output.count("test accuracy") == 1  # only the main rank logs
+
+
+# Setup facts live once: the README's blocks and its Setup times table; lesson 0 repeats the blocks
+# word for word and quotes the table, and the job scripts and tools/setup_site.sh use the same
+# modules and the same .venv.
+
+def lesson_0_text() -> str:
+    import json
+
+    cells = json.loads((ROOT / "notebooks" / "00_setup.ipynb").read_text())["cells"]
+    return "\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
+
+
+def marked_block(text: str, marker: str) -> str:
+    match = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)```", text, re.S)
+    assert match, f"no {marker} block"
+    return "\n".join(line.strip() for line in match.group(1).strip().splitlines())
+
+
+@pytest.mark.parametrize("system", ["polaris", "aurora"])
+def test_lesson_0_and_the_readme_give_the_same_setup(system):
+    from scaledl.jobs import SETUP
+
+    block = marked_block((ROOT / "README.md").read_text(), f"setup:{system}")
+    assert marked_block(lesson_0_text(), f"setup:{system}") == block
+    assert f"make setup SYSTEM={system}" in block and "source .venv/bin/activate" in block
+    # The job scripts source the same .venv, after loading the same modules.
+    template = (ROOT / "src" / "scaledl" / "templates" / "job.sh.template").read_text()
+    assert "SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}" in template
+    job_modules = [line.strip() for line in SETUP[system].splitlines() if line.strip().startswith(("module", "conda"))]
+    site = re.search(rf"^\s*{system}\) modules=\((.*?)\) ;;", (ROOT / "tools" / "setup_site.sh").read_text(), re.M)
+    assert job_modules and re.findall(r'"([^"]+)"', site.group(1)) == job_modules
+    assert all(command in block for command in job_modules), (job_modules, block)
+
+
+def test_setup_times_come_from_the_readmes_table():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- setup-times -->", 1)[1].split("<!-- /setup-times -->", 1)[0]
+    measured = set(re.findall(r"(\d+(?:\.\d+)?) min", table))
+    quoted = re.findall(r"(\d+(?:\.\d+)?) min", lesson_0_text())
+    assert measured and quoted and set(quoted) <= measured, (quoted, measured)
+    outside = readme.replace(table, "")
+    assert not re.search(r"setup\b[^.]*\b\d+(?:\.\d+)? min", outside.split("### Setup times")[0]), \
+        "a setup time outside the table"
+
+
+def test_lesson_0_knows_one_environment_and_where_horovod_comes_from():
+    lesson = lesson_0_text()
+    assert "~/venvs" not in lesson and ".venv" in lesson
+    for text in (lesson, (ROOT / "README.md").read_text()):
+        assert "HOROVOD=1" in text and "no longer" in text
