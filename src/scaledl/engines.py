@@ -25,6 +25,14 @@ from scaledl.systems import detect_system
 
 CPU_RANKS = 2  # without a GPU: enough ranks to see every collective, few enough for a laptop
 ENGINE = "ipyparallel.engine"
+# ipyparallel starts MPI engines with --mpi (its MPIEngineSetLauncher.program), which imports
+# mpi4py, and so MPI_Init, in every engine; where srun starts tasks without an MPI plugin
+# (MpiDefault=none, common) an Open MPI engine aborts there.  Under srun the engines drop that
+# flag and take srun's task id as their engine id: no MPI needed (scaledl.setup reads srun's
+# variables too).  (A flag wins over --IPEngine.use_mpi=False in traitlets, so it must go.)
+SLURM_ENGINE = ("import os, sys; sys.argv[1:] = [a for a in sys.argv[1:] if a != '--mpi'] + "
+                "['--IPEngine.id=' + os.environ['SLURM_PROCID']]; "
+                "from ipyparallel.engine.app import main; main()")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     cluster = ipp.Cluster(n=how.world_size, engines="mpi", log_level=logging.WARNING)
     cluster.config.MPILauncher.mpi_cmd = how.mpi_cmd
     cluster.config.MPILauncher.mpi_args = how.mpi_args
+    if how.system == "slurm":
+        cluster.config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-c", SLURM_ENGINE]
     client = cluster.start_and_connect_sync()
     try:
         client.wait_for_engines(how.world_size, timeout=timeout_s)
