@@ -302,7 +302,8 @@ def exit_process(code: int) -> None:
     After `teardown()` there is nothing left to do, but communication threads that outlive it
     (gloo's, while a DDP model still holds the group) can abort the process at interpreter
     shutdown ("terminate called without an active exception") after a successful run.  So
-    the rungs shut Horovod down and finalize MPI themselves, flush their output, and leave.
+    the rungs shut Horovod down and finalize MPI themselves, flush their output, and leave
+    (after a successful run only: see below).
     """
     from scaledl import signals
 
@@ -314,6 +315,11 @@ def exit_process(code: int) -> None:
             pass  # the reader is gone (a launcher that exited, a closed pipe): nothing left to say
     if "torch.distributed" in sys.modules:
         time.sleep(_WORKER_DRAIN_S)  # let lagging collective worker threads let go (see teardown)
+    if code != 0:
+        # Leaving on an error: shutting Horovod down and MPI_Finalize wait for every rank (a
+        # fence), and a peer may be dead, or stuck in a collective waiting for this one, until
+        # the --timeout.  Exiting closes this rank's connections, which ends the peer's wait now.
+        os._exit(code)
     try:
         for name in ("horovod.torch", "horovod.tensorflow"):
             if name in sys.modules and sys.modules[name].is_initialized():

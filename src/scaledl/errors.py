@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import signal
 import sys
 
 from scaledl import signals
@@ -29,6 +30,11 @@ class UserError(Exception):
 
 class RunError(Exception):
     """A run that went wrong on its own (diverged, lost a peer): one line, exit status 1."""
+
+
+class NothingToDo(Exception):
+    """The command has nothing to do (a resumed run that had already finished): one line from the
+    main rank, exit status 0."""
 
 
 # Set by scaledl.distributed.setup, so that a collective's timeout can be named in the error.
@@ -77,7 +83,8 @@ def as_user_error(error: Exception) -> UserError | None:
         if module.startswith("deepspeed.runtime") and function == "load_checkpoint":
             where = local_vars.get("load_dir")
             return UserError(f"DeepSpeed checkpoint {where or ''} is damaged or incomplete ({type(error).__name__}: "
-                             f"{_first_line(error)}); delete it and start fresh, or resume from an intact copy")
+                             f"{_first_line(error)}): start the run over with --overwrite instead of --resume, or name "
+                             "another --out-dir")
     in_init = any(module.startswith("torch.distributed") and function in ("init_process_group", "new_group")
                   for module, function, _ in frames)
     missing = re.search(r"doesn't have (\w+) built in", text)
@@ -105,16 +112,55 @@ def _place() -> tuple[int, int]:
     return info.rank, info.world_size
 
 
-def _leave_for_launcher(rank: int, code: int, line: str) -> None:
-    """Tell the launcher wrapper (run_launcher) this rank's status and line."""
+def _leave_for_launcher(rank: int, code: int, line: str, consequence: bool = False) -> None:
+    """Tell the launcher wrapper (run_launcher) this rank's status and line; `consequence`: this
+    rank stopped because another did (the wrapper prints a cause last, not a consequence)."""
     folder = os.environ.get(ERROR_DIR_VAR)
     if not folder or not os.path.isdir(folder):
         return
     try:
         with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "code": code, "line": line}, f)
+            json.dump({"rank": rank, "code": code, "line": line, "consequence": consequence}, f)
     except OSError:
         pass
+
+
+def _first_cause(rank: int) -> int | None:
+    """The lowest other rank that left its own error (not a consequence) for the launcher wrapper."""
+    folder = os.environ.get(ERROR_DIR_VAR)
+    if not folder or not os.path.isdir(folder):
+        return None
+    causes = []
+    for name in os.listdir(folder):
+        try:
+            with open(os.path.join(folder, name)) as f:
+                record = json.load(f)
+            if record["rank"] != rank and not record.get("consequence"):
+                causes.append(int(record["rank"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return min(causes) if causes else None
+
+
+def consequence_line(prog: str, rank: int, world_size: int) -> str:
+    """`prog: rank 1: stopping because rank 0 stopped; see its line above`, for a rank that lost a peer.
+
+    Which peer is known when it left its line for the launcher wrapper (`scaledl launch`, the
+    demo); in a job of two it can only be the other rank; otherwise it is not known here."""
+    cause = _first_cause(rank)
+    if cause is not None:
+        return f"{prog}: rank {rank}: stopping because rank {cause} stopped; see its line above"
+    who = f"rank {1 - rank}" if world_size == 2 else "another rank"
+    return (f"{prog}: rank {rank}: stopping because {who} is gone (it stopped, crashed or hung); its line above, "
+            "or the launcher's report, says why")
+
+
+def _consequence(prog: str) -> int:
+    rank, world_size = _place()
+    line = consequence_line(prog, rank, world_size)
+    _say(line)
+    _leave_for_launcher(rank, 1, line, consequence=True)
+    return 1
 
 
 def _report(prog: str, message: str, code: int, every_rank: bool = False) -> int:
@@ -128,9 +174,25 @@ def _report(prog: str, message: str, code: int, every_rank: bool = False) -> int
 
 def _say(line: str) -> None:
     """One write per line: ranks share the launcher's stderr, and print() writes the text and the
-    newline apart, so two ranks' lines could run together."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+    newline apart, so two ranks' lines could run together.  A reader that is gone (a launcher
+    that exited and closed the pipe) is not an error of this rank's."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        _silence()
+
+
+def _silence() -> None:
+    """Point stdout and stderr at /dev/null: their reader is gone, and a later write (Python's own
+    flush at exit) would fail again, this time with a traceback."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
 
 
 def interrupted_line(prog: str, signum: int | None = None) -> str:
@@ -145,10 +207,12 @@ def _interrupted(prog: str, signum: int | None) -> int:
     signals.run_cleanups()
     if not signals.reported:
         signals.reported = True
-        try:
+        rank, world_size = _place()
+        # The launcher ends the other ranks with a signal when one stopped on an error: say that.
+        if signum == signal.SIGTERM and _first_cause(rank) is not None:
+            _say(consequence_line(prog, rank, world_size))
+        else:
             _say(interrupted_line(prog, signum))
-        except OSError:
-            pass  # the terminal went away with the launcher
     return signals.exit_status(signum)
 
 
@@ -199,6 +263,10 @@ def exits_cleanly(main):
                 _say(str(usage))
             _leave_for_launcher(rank, usage.status, str(usage))
             return usage.status
+        except NothingToDo as done:
+            if _place()[0] == 0:
+                print(f"{prog}: {done}", flush=True)
+            return 0
         except signals.Interrupted as interrupt:
             return _interrupted(prog, interrupt.signum)
         except KeyboardInterrupt:
@@ -211,6 +279,10 @@ def exits_cleanly(main):
             if signals.received:
                 return _interrupted(prog, None)
             return _report(prog, str(error), 1, every_rank=True)
+        except BrokenPipeError:
+            # Whoever read this rank's output is gone (the launcher exited): nobody to tell.
+            _silence()
+            return 1
         except Exception as error:
             if signals.received:
                 # Peers stopped by the same signal make this rank's collectives fail: not news.
@@ -222,12 +294,12 @@ def exits_cleanly(main):
                 raise
             text = str(error).strip()
             if "timed out" in text.lower() or "timeout" in text.lower():
+                # The peer may hang without a word: this rank's line is the only one.
                 waited = f"the --timeout of {collective_timeout_s:g} s" if collective_timeout_s else "its timeout"
-                what = f"a collective waited {waited} for a peer rank that hung or died"
-            else:
-                what = "a collective lost a peer rank (it died or stopped answering)"
-            detail = text.splitlines()[0][:200] if text else type(error).__name__
-            return _report(prog, f"{what}; check the other ranks' output ({detail})", 1, every_rank=True)
+                detail = text.splitlines()[0][:200] if text else type(error).__name__
+                return _report(prog, f"a collective waited {waited} for a peer rank that hung or died; check the "
+                               f"other ranks' output ({detail})", 1, every_rank=True)
+            return _consequence(prog)
         finally:
             argparse.ArgumentParser.exit = _argparse_exit
 

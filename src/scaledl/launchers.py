@@ -187,7 +187,8 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def _rank_errors(folder: Path) -> dict | None:
-    """The error the ranks left (`scaledl.errors`): a user error (status 2) before others, lowest rank first."""
+    """The error the ranks left (`scaledl.errors`): a cause before a consequence (a rank that stopped
+    because another did), a user error (status 2) before others, lowest rank first."""
     records = []
     for path in folder.glob("rank*.json"):
         try:
@@ -197,4 +198,4 @@ def _rank_errors(folder: Path) -> dict | None:
     records = [r for r in records if isinstance(r, dict) and {"rank", "code", "line"} <= set(r)]
     if not records:
         return None
-    return min(records, key=lambda r: (r["code"] != 2, r["rank"]))
+    return min(records, key=lambda r: (bool(r.get("consequence")), r["code"] != 2, r["rank"]))

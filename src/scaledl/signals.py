@@ -206,10 +206,11 @@ def watch():
             if signal_rank(rank, born, signal.SIGKILL):
                 os.write(2, (line.replace("{signal}", signal.Signals(heard).name) + "\n").encode())
             return
-# Ctrl-C reaches the watcher's group too: only the rank's counts.  Whatever happens here, the
+# Signals to the group reach the watcher too: only the rank's count.  Whatever happens here, the
 # rank's output (which is also the watcher's) gets no traceback: a launcher that closed the
 # pipe, a rank gone between two looks, a signal to the whole group.
-signal.signal(signal.SIGINT, signal.SIG_IGN)
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a signal to the rank's process group (torchrun,
+    signal.signal(signum, signal.SIG_IGN)  # mpirun) is the rank's to handle; the watcher ends with its rank
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 try:
     watch()
@@ -268,5 +269,7 @@ def install(line: str = "stopped by {signal}") -> None:
     except ValueError:
         return
     _start_watcher(reader, launchers, line)
-    reader.close()  # the watcher has its copy
-    install.writer = writer  # keep it open for the life of the process
+    # Both ends stay open for the life of the process: with a reader of its own, a signal that
+    # comes after the watcher is gone fills the buffer (ignored) instead of failing with EPIPE,
+    # which Python reports as "Exception ignored ... BrokenPipeError" from inside the handler.
+    install.reader, install.writer = reader, writer

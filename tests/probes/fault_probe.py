@@ -3,7 +3,8 @@
     FAULT=kill|stop|nan FAULT_RANK=1 FAULT_STEP=5 python -m fault_probe scaledl.ladder.ddp ARGS
 
 kill: the rank SIGKILLs itself (a crashed process); stop: it SIGSTOPs itself (a hung node:
-alive, silent); nan: its loss becomes NaN.  The step is counted at the rung's loss function,
+alive, silent); nan: its loss becomes NaN; error: it stops with a one-line error of its own
+(what a full disk while checkpointing on rank 0 does).  The step is counted at the rung's loss function,
 which every PyTorch rung calls once per training step.
 """
 import os
@@ -14,6 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from scaledl.errors import UserError
 from scaledl.launch_env import detect
 
 fault, fault_rank, fault_step = os.environ["FAULT"], int(os.environ["FAULT_RANK"]), int(os.environ["FAULT_STEP"])
@@ -32,6 +34,8 @@ def cross_entropy_with_fault(*args, **kwargs):
     if is_target and steps == fault_step:
         if fault == "nan":
             return loss * float("nan")
+        if fault == "error":
+            raise UserError(f"fault injected at step {steps} on rank {fault_rank}")
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     return loss
