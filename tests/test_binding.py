@@ -121,3 +121,14 @@ def test_this_rank_reads_its_own_affinity():
     placement = binding.this_rank(torch.device("cpu"), local_rank=0)
     assert placement.cpus == frozenset(os.sched_getaffinity(0))
     assert placement.verdict == "no GPU" and "cpu" in placement.reason
+
+
+def test_what_a_mask_leaves_visible():
+    addresses = binding.gpus(POLARIS)
+    assert binding.visible_gpu("cuda", 1, {"CUDA_VISIBLE_DEVICES": "2,0"}, POLARIS) == (addresses[0], "")
+    assert binding.visible_gpu("cuda", 2, {"CUDA_VISIBLE_DEVICES": "2,0"}, POLARIS)[0] is None
+    gpu, why = binding.visible_gpu("cuda", 0, {"CUDA_VISIBLE_DEVICES": "GPU-87969d3e"}, POLARIS)
+    assert gpu is None and "cannot tell which GPU" in why
+    # Aurora under FLAT: flat device 7 is tile 1 of GPU 3, the first GPU of socket 1.
+    assert binding.visible_gpu("xpu", 0, {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT", "ZE_AFFINITY_MASK": "7"},
+                               AURORA) == ("0001:18:00.0", "")

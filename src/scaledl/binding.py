@@ -158,6 +158,15 @@ def visible_gpu(kind: str, index: int, env: Mapping[str, str], root: str | Path 
     addresses = gpus(root, kind)
     if not addresses:
         return None, f"no {kind} GPU on this node's PCI bus"
+    try:
+        return _visible_gpu(kind, index, env, addresses, tiles_per_gpu)
+    except ValueError:  # a mask by UUID or another form this model does not read
+        mask = env.get("CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ZE_AFFINITY_MASK")
+        return None, f"cannot tell which GPU {mask!r} selects"
+
+
+def _visible_gpu(kind: str, index: int, env: Mapping[str, str], addresses: list[str],
+                 tiles_per_gpu: int) -> tuple[str | None, str]:
     if kind == "cuda":
         mask = env.get("CUDA_VISIBLE_DEVICES")
         physical = [int(x) for x in mask.split(",") if x.strip()] if mask is not None else list(range(len(addresses)))

@@ -264,7 +264,10 @@ def check_binding(system: str, env: Mapping[str, str], root: str = binding.SYSFS
     placements = binding.plan(plan.command, {**env, **plan.env}, kind, ppn, root, RESERVED_CPUS.get(system, ()))
     for placement in placements:
         text = f"binding of scaledl launch: {placement.line()}"
-        found.append(ok(text) if placement.verdict == "local" else problem(text, BINDING_FIX))
+        if placement.verdict == "unknown":  # the kernel knows no NUMA nodes: nothing can be far
+            found.append(info(text))
+        else:
+            found.append(ok(text) if placement.verdict == "local" else problem(text, BINDING_FIX))
     return found
 
 
