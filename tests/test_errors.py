@@ -8,7 +8,7 @@ import pytest
 
 @pytest.mark.parametrize("rung, args, env, message", [
     ("single_torch", ["--dataset", "mnist", "--data-dir", "{tmp}/nowhere"], {}, "MNIST file train-images-idx3-ubyte"),
-    ("single_torch", ["--resume"], {}, "no checkpoint at"),
+    ("single_torch", ["--resume"], {}, "holds no run to resume: leave out --resume"),
     ("ddp", [], {"RANK": "0"}, "half-set torchrun environment"),
     ("single_tf", ["--dataset", "cifar10"], {"SCALEDL_DATA": ""}, "needs --data-dir"),
     ("pipeline", ["--microbatches", "5"], {}, "argument --microbatches: must divide --batch-size 64"),

@@ -33,6 +33,7 @@ from scaledl import config as config_lib, report, run_dir, run_state, schedule
 from scaledl.config import Config
 from scaledl.datasets import DataError
 from scaledl.distributed import exit_process  # noqa: F401  (the rungs leave through it)
+from scaledl.errors import NothingToDo
 from scaledl.log import get_logger
 from scaledl.metrics import History, local_gather, torch_gather
 
@@ -120,7 +121,7 @@ class Run:
         self.device = device
         # Rank 0 checks OUT_DIR (and with --overwrite clears it) before anything is written.
         self.resume = run_dir.claim(config.out_dir, config.resume, config.overwrite, self.is_main,
-                                    can_resume=can_resume)
+                                    can_resume=can_resume, share=self.comm.all_gather_object)
         self.history: History | None = None
 
     def start(self) -> None:
@@ -129,7 +130,8 @@ class Run:
             return
         self.history = History(self.config.out_dir, self.rank, self.world_size, gather=self.comm.gather,
                                config=self.config.to_dict(), resume=self.resume, tensorboard=self.config.tensorboard,
-                               run_info={"rung": self.rung, "device": str(self.device)})
+                               run_info={"rung": self.rung, "device": str(self.device)},
+                               resume_step=self.step if self.resume else None)
 
     @property
     def done(self) -> bool:
@@ -225,6 +227,12 @@ class TorchRun(Run):
             # Every rank checks what the checkpoint was written by before loading anything.
             found = self.store.load(self.scheduler)
             self.epoch, self.step = found["epoch"], found["step"]
+            total = min(config.max_steps or float("inf"), config.num_epochs * self.steps_per_epoch)
+            if self.step >= total:
+                # Training on would do nothing and then rewrite the finished run's summary.
+                raise NothingToDo(f"the run in {config.out_dir} has finished (step {self.step} of {total}; its "
+                                  f"results are in {config.out_dir}/summary.json), so there is nothing to resume: "
+                                  "to train it further, resume with a larger --epochs")
         self._torch = torch
 
     def autocast(self):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -64,7 +65,7 @@ def summarize(per_rank: np.ndarray) -> dict:
 class History:
     def __init__(self, out_dir: str | Path | None, rank: int = 0, world_size: int = 1,
                  gather: Gather = local_gather, config: dict | None = None, run_info: dict | None = None,
-                 resume: bool = False, tensorboard: bool = False):
+                 resume: bool = False, tensorboard: bool = False, resume_step: int | None = None):
         self.rank, self.world_size, self.gather = rank, world_size, gather
         self.records: list[dict] = []
         self.total_steps = 0
@@ -77,6 +78,8 @@ class History:
 
             self.tensorboard = SummaryWriter(str(Path(out_dir) / "tensorboard"))
         if self.path is not None and rank == 0:
+            if resume:
+                repair(self.path, resume_step)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             header = {"type": "config", "config": config or {}, "run": {
                 **(run_info or {}), "world_size": world_size, "host": platform.node(),
@@ -134,9 +137,47 @@ class History:
         return record
 
 
+def repair(path: Path, resume_step: int | None = None) -> None:
+    """Before a resumed run appends to metrics.jsonl, drop what the stopped run left half done.
+
+    A run killed in the middle of a write leaves a torn last line, and the resumed run's lines
+    would be glued onto it; records logged after the checkpoint it resumes from (`resume_step`)
+    describe steps that are trained again.  Both are removed, and said once on stderr."""
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except OSError:
+        return
+    kept, torn, later = [], 0, 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            torn += bool(line.strip())
+            continue
+        if resume_step is not None and record.get("type") in ("log", "summary") and \
+                (record.get("step") or 0) > resume_step:
+            later += 1
+            continue
+        kept.append(line if line.endswith(b"\n") else line + b"\n")
+    if not (torn or later):
+        return
+    path.write_bytes(b"".join(kept))
+    said = [f"{torn} torn line{'s' * (torn != 1)} (cut off mid-write)"] if torn else []
+    said += [f"{later} record{'s' * (later != 1)} logged after the checkpoint at step {resume_step} (those steps "
+             "are trained again)"] if later else []
+    sys.stderr.write(f"{path}: dropped {' and '.join(said)}\n")
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl file; a torn line (a run killed mid-write) is left out."""
+    records = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
 
 
 def plot_history(path: str | Path, out_png: str | Path | None = None) -> Path:

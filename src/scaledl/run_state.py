@@ -20,6 +20,8 @@ from pathlib import Path
 from scaledl import checkpoint
 from scaledl.checkpoint import CheckpointError
 
+# Advice every refused resume ends with: both are command lines that work on that OUT_DIR.
+START_OVER = "start the run over with --overwrite instead of --resume, or name another --out-dir"
 MATCH = ("rung", "world_size", "dataset", "train_limit", "batch_size", "num_params")
 
 
@@ -184,7 +186,10 @@ class Store:
     def load(self, scheduler) -> dict:
         """Check the newest checkpoint against this run, then load it; return its epoch and step."""
         if self.state.files:
-            found = checkpoint.load(self.path, restore_rng=False)
+            try:
+                found = checkpoint.load(self.path, restore_rng=False)
+            except CheckpointError as error:
+                raise CheckpointError(f"{error}{self._older_copies()}") from None
             self._check(found.get("extra", {}).get("meta"), self.path)
             self.state.load_state_dict(found)
             if scheduler is not None and "scheduler" in found:
@@ -194,7 +199,8 @@ class Store:
             return found
         meta_file = self.path / "meta.json"
         if not meta_file.is_file():
-            raise CheckpointError(f"no DeepSpeed checkpoint in {self.path}: run without --resume to start fresh")
+            raise CheckpointError(f"the DeepSpeed checkpoint {self.path} is incomplete (no meta.json: stopped while "
+                                  f"saving its first step?): {START_OVER}")
         try:
             meta = json.loads(meta_file.read_text())
         except ValueError:
@@ -202,20 +208,27 @@ class Store:
         self._check(meta, self.path)
         _, client_state = self.state.engine.load_checkpoint(str(self.path))
         if client_state is None:
-            raise CheckpointError(f"no DeepSpeed checkpoint in {self.path}: run without --resume to start fresh")
+            raise CheckpointError(f"the DeepSpeed checkpoint {self.path} holds no step DeepSpeed can load: "
+                                  f"{START_OVER}")
         self.last_step = client_state["step"]
         return client_state
+
+    def _older_copies(self) -> str:
+        """Advice that names the older checkpoints `--keep-checkpoints` left, if any."""
+        older = sorted(self.out_dir.glob("checkpoint.step*.pt"), key=_step_of)
+        return (f"; or resume from the older {older[-1].name}: move it to {self.path.name} first, then "
+                "--resume again" if older else "")
 
     def _check(self, meta, where) -> None:
         if not isinstance(meta, dict):
             raise CheckpointError(f"{where} does not say which run wrote it (written by an older scaledl?): "
-                                  "start fresh with --overwrite, or in another --out-dir")
+                                  f"{START_OVER}")
         differ = [f"{key} {meta.get(key)!r} (now {self.meta[key]!r})" for key in MATCH
                   if meta.get(key) != self.meta[key]]
         if differ:
             raise CheckpointError(
                 f"{where} was written by another kind of run: {', '.join(differ)}; resume with the same rung, "
-                "number of ranks, data and --batch-size, or start fresh with --overwrite or another --out-dir")
+                f"number of ranks, data and --batch-size, or {START_OVER}")
 
 
 def _step_of(path: Path) -> int:
