@@ -324,32 +324,70 @@ def test_horovod_allreduce_check(capsys):
     assert not grader.check_horovod_allreduce(None, 2)
 
 
+def accumulation_report(max_error=1e-8, all_reduces=1, buckets=1, unscaled=0.03, over_ranks=0.01):
+    return {"max_error": max_error, "all_reduces": all_reduces, "buckets": buckets, "error_unscaled": unscaled,
+            "error_over_ranks": over_ranks}
+
+
 def test_accumulation_check(capsys):
-    assert grader.check_accumulation([{"max_error": 1e-8, "all_reduces": 1, "buckets": 1}] * 2, 4)
+    assert grader.check_accumulation([accumulation_report()] * 2, 4)
     verdict(capsys)
-    # No no_sync: every micro batch's backward all-reduced.
-    fails(capsys, grader.check_accumulation([{"max_error": 1e-8, "all_reduces": 4, "buckets": 1}] * 2, 4),
+    # Unusual but right: 3 buckets, each all-reduced once; reports without the optional errors.
+    assert grader.check_accumulation([{"max_error": 2e-6, "all_reduces": 3, "buckets": 3}] * 4, 4)
+    assert "3 buckets" in verdict(capsys)
+    # No no_sync (or the forward outside it): every micro batch's backward all-reduced.
+    fails(capsys, grader.check_accumulation([accumulation_report(all_reduces=4)] * 2, 4),
           "4 all-reduces in a window of 4", "skip the synchronization")
     # no_sync on every micro batch, the last included: nothing was ever averaged.
-    fails(capsys, grader.check_accumulation([{"max_error": 0.02, "all_reduces": 0, "buckets": 1}] * 2, 4),
+    fails(capsys, grader.check_accumulation([accumulation_report(0.02, all_reduces=0)] * 2, 4),
           "no gradient was all-reduced")
     # Loss not divided by the accumulation steps: the step is 4x too large.
-    fails(capsys, grader.check_accumulation([{"max_error": 0.03, "all_reduces": 2, "buckets": 2}] * 2, 4),
-          "scale each micro batch's loss by 1/4")
+    fails(capsys, grader.check_accumulation([accumulation_report(0.03, unscaled=1e-8)] * 2, 4),
+          "4x too large", "divide each micro batch's loss by 4")
+    # Divided by world_size too: DDP already averages over the ranks.
+    fails(capsys, grader.check_accumulation([accumulation_report(0.01, over_ranks=1e-8)] * 2, 4),
+          "2x too small", "already averages")
+    # The first micro batch synchronized, the rest only accumulated: one all-reduce, wrong weights.
+    fails(capsys, grader.check_accumulation([accumulation_report(0.004)] * 2, 4), "must be the last")
+    # Right on rank 0 only: every rank's report counts.
+    fails(capsys, grader.check_accumulation([accumulation_report(), accumulation_report(0.004)], 4),
+          "differ from one big-batch step by 0.004")
+    # One rank cannot show any of this.
+    fails(capsys, grader.check_accumulation([accumulation_report()], 4), "start 2 or more")
     fails(capsys, grader.check_accumulation([None, None], 4), "did not finish")
     assert not grader.check_accumulation(None, 4)
+
+
+def test_in_sync_check_needs_two_ranks(capsys):
+    fails(capsys, grader.check_in_sync(["abc"]), "start 2 or more")
+    assert grader.check_in_sync(["abc"] * 3)
+    verdict(capsys)
 
 
 # ---------------------------------------------------------------- scaling
 
 def test_efficiency_check(capsys):
     rates = {1: 1000.0, 2: 1700.0, 4: 3000.0}
-    assert grader.check_efficiency(lambda r: {n: v / (n * r[1]) for n, v in r.items()}, rates)
+
+    def right(r):
+        base = min(r)
+        return {n: v / (n * r[base] / base) for n, v in r.items()}
+
+    assert grader.check_efficiency(right, rates)
+    assert "baseline of 2 ranks" in verdict(capsys)
+    # Unusual but right: a measurement that starts at 2 ranks, and numpy numbers back.
+    assert grader.check_efficiency(lambda r: {n: np.float64(e) for n, e in right(r).items()}, {2: 1800.0, 4: 3000.0})
     verdict(capsys)
-    fails(capsys, grader.check_efficiency(lambda r: {n: v / r[1] for n, v in r.items()}, rates),
+    # The baseline hard-coded as 1 rank: a KeyError on the hidden measurement.
+    fails(capsys, grader.check_efficiency(lambda r: {n: v / (n * r[1]) for n, v in r.items()}, rates),
+          "baseline of 2 ranks", "KeyError", "not always 1")
+    # The baseline's rate not divided by its ranks: right when the baseline is 1, wrong from 2.
+    fails(capsys, grader.check_efficiency(lambda r: {n: v / (n * r[min(r)]) for n, v in r.items()}, rates),
+          "baseline 2 ranks", "divide them by 2")
+    fails(capsys, grader.check_efficiency(lambda r: {n: v / r[min(r)] for n, v in r.items()}, rates),
           "is the speed-up")
-    fails(capsys, grader.check_efficiency(lambda r: {n: n * r[1] / v for n, v in r.items()}, rates), "upside down")
-    fails(capsys, grader.check_efficiency(lambda r: {n: v / (n * r[1]) for n, v in r.items() if n > 1}, rates),
+    fails(capsys, grader.check_efficiency(lambda r: {n: 1 / e for n, e in right(r).items()}, rates), "upside down")
+    fails(capsys, grader.check_efficiency(lambda r: {n: e for n, e in right(r).items() if n > 1}, rates),
           "no efficiency for world_size 1")
     fails(capsys, grader.check_efficiency(untouched, rates), "NotImplementedError")
     fails(capsys, grader.check_efficiency(None, rates), "not set")
@@ -359,6 +397,10 @@ def test_warmup_check(capsys):
     def solution(step, lr, global_batch_size, base_batch_size, warmup_steps):
         return schedule.lr_at(step, lr=lr, global_batch_size=global_batch_size, base_batch_size=base_batch_size,
                               scale_lr=True, warmup_steps=warmup_steps)
+
+    def interpolated(step, lr, global_batch_size, base_batch_size, warmup_steps):  # unusual but right
+        k = global_batch_size / base_batch_size
+        return float(np.interp(step, [0, warmup_steps], [lr, lr * k]))
 
     def no_warmup(step, lr, global_batch_size, base_batch_size, warmup_steps):
         return lr * global_batch_size / base_batch_size
@@ -374,32 +416,104 @@ def test_warmup_check(capsys):
         target = lr * global_batch_size / base_batch_size
         return target * min(1.0, step / warmup_steps)
 
+    def one_step_ahead(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * global_batch_size / base_batch_size
+        return target if step >= warmup_steps else lr + (target - lr) * (step + 1) / warmup_steps
+
+    def integer_factor(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * (global_batch_size // base_batch_size)
+        return target if step >= warmup_steps else lr + (target - lr) * step / warmup_steps
+
     assert grader.check_warmup(solution)
+    verdict(capsys)
+    assert grader.check_warmup(interpolated)
     verdict(capsys)
     fails(capsys, grader.check_warmup(no_warmup), "no warm-up")
     fails(capsys, grader.check_warmup(square_root), "square-root scaling")
     fails(capsys, grader.check_warmup(from_zero), "not at 0")
-    fails(capsys, grader.check_warmup(not_scaled))
+    fails(capsys, grader.check_warmup(not_scaled), "never grows with the batch")
+    fails(capsys, grader.check_warmup(one_step_ahead), "one step off")
+    fails(capsys, grader.check_warmup(integer_factor), "96 / 64 is 1.5", "integer division")
     fails(capsys, grader.check_warmup(untouched), "NotImplementedError")
 
 
 # ---------------------------------------------------------------- DeepSpeed and ZeRO
 
-GOOD = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "train_batch_size": 32,
+GOOD = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 3, "train_batch_size": 48,
         "gradient_clipping": 0}
 
 
 def test_deepspeed_config_check(capsys):
     assert grader.check_deepspeed_config([GOOD, GOOD], world_size=2)
     verdict(capsys)
+    # Unusual but right: every config DeepSpeed accepts, one batch number left for it to infer.
+    for left_out in ("train_batch_size", "gradient_accumulation_steps"):
+        config = {key: value for key, value in GOOD.items() if key != left_out}
+        assert grader.check_deepspeed_config([config], world_size=2)
+        assert f"DeepSpeed infers {left_out}" in verdict(capsys)
+    assert grader.check_deepspeed_config([{"train_batch_size": 96, "gradient_accumulation_steps": 3,
+                                           "gradient_clipping": 0.0}], world_size=4)
+    verdict(capsys)
+    # The global batch without the ranks, and without the accumulation: two different numbers, both refused.
+    fails(capsys, grader.check_deepspeed_config([{**GOOD, "train_batch_size": 24}], world_size=2),
+          "train_batch_size 24 != micro batch 8 x accumulation 3 x world_size 2", "refuses")
     fails(capsys, grader.check_deepspeed_config([{**GOOD, "train_batch_size": 16}], world_size=2),
-          "train_batch_size 16 != micro batch 8 x accumulation 2 x world_size 2")
-    fails(capsys, grader.check_deepspeed_config([{**GOOD, "gradient_clipping": 1.0}], world_size=2), "clips")
+          "train_batch_size 16 != micro batch 8 x accumulation 3 x world_size 2")
+    # The global batch in the micro batch's place.
+    as_global = {**GOOD, "train_micro_batch_size_per_gpu": 48, "train_batch_size": 288}
+    fails(capsys, grader.check_deepspeed_config([as_global], world_size=2), "comes to 48")
+    fails(capsys, grader.check_deepspeed_config([{**GOOD, "gradient_clipping": 1.0}], world_size=2),
+          "clips the gradient norm to that")
+    # Clipping left to the default: 1.0 from DeepSpeed 0.19.3 on, none before.
+    fails(capsys, grader.check_deepspeed_config([{k: v for k, v in GOOD.items() if k != "gradient_clipping"}],
+                                                world_size=2), "0.19.3", "older releases do not")
     # Consistent, but not what the exercise asks: no accumulation.
     fails(capsys, grader.check_deepspeed_config([{**GOOD, "gradient_accumulation_steps": 1, "train_batch_size": 16}],
-                                                world_size=2), "asks for 2 micro batches")
-    fails(capsys, grader.check_deepspeed_config([{"train_batch_size": 32}], world_size=2), "set both")
+                                                world_size=2), "asks for 3")
+    fails(capsys, grader.check_deepspeed_config([{"gradient_accumulation_steps": 3}], world_size=2),
+          "needs train_batch_size or train_micro_batch_size_per_gpu")
+    fails(capsys, grader.check_deepspeed_config([GOOD], world_size=1), "start 2 or more")
     assert not grader.check_deepspeed_config(None, world_size=2)  # untouched: from_ranks said FAIL
+
+
+def test_deepspeed_batch_resolves_like_deepspeed(monkeypatch):
+    """DeepSpeed's own config class on the same configs, 2 ranks (its rank query answered without a
+    process group, so that it asks the world size of `mpu`)."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *args, **kwargs: 0)
+
+    configs = [GOOD, {"train_batch_size": 48}, {"train_micro_batch_size_per_gpu": 8},
+               {"train_batch_size": 48, "train_micro_batch_size_per_gpu": 8},
+               {"train_batch_size": 50, "train_micro_batch_size_per_gpu": 8},
+               {"train_batch_size": 48, "gradient_accumulation_steps": 5}, {"gradient_accumulation_steps": 2}]
+    for config in configs:
+        try:
+            ours = grader.deepspeed_batch(config, 2)
+        except ValueError:
+            ours = None
+        try:
+            resolved = DeepSpeedConfig(dict(config), mpu=_WorldOf(2))
+            theirs = (resolved.train_batch_size, resolved.train_micro_batch_size_per_gpu,
+                      resolved.gradient_accumulation_steps)
+        except AssertionError:
+            theirs = None
+        assert ours == theirs, config
+
+
+class _WorldOf:
+    """The data-parallel world size DeepSpeedConfig asks its `mpu` for, without a process group."""
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+
+    def get_data_parallel_world_size(self):
+        return self.world_size
+
+    def get_model_parallel_world_size(self):
+        return 1
 
 
 def zero_solution(num_params, world_size, stage):
@@ -424,8 +538,17 @@ def test_zero_formula_check(capsys):
         return {key: value * 2 if key != "optimizer" else value for key, value in
                 zero_solution(num_params, world_size, stage).items()}
 
+    def stage_off_by_one(num_params, world_size, stage):  # `stage > 1` where `stage >= 1` belongs
+        return zero_solution(num_params, world_size, stage - 1 if stage else 0)
+
+    def padded(num_params, world_size, stage):  # unusual but right: whole bytes, rounded up per partition
+        return {key: math.ceil(value) for key, value in zero_solution(num_params, world_size, stage).items()}
+
     assert grader.check_zero_formula(zero_solution)
     verdict(capsys)
+    assert grader.check_zero_formula(padded, world_size=7)
+    verdict(capsys)
+    fails(capsys, grader.check_zero_formula(stage_off_by_one), "stage 1: optimizer states are partitioned from stage 1")
     assert sum(swapped(7.5e9, 8, 2).values()) == sum(zero_solution(7.5e9, 8, 2).values())
     fails(capsys, grader.check_zero_formula(swapped), "stage 2", "every rank still holds all the parameters")
     fails(capsys, grader.check_zero_formula(forgot_gradients), "stage 2: gradients are partitioned from stage 2")
@@ -451,6 +574,10 @@ def test_pipeline_check(capsys):
     whole, x, first, full = pipeline_tensors()
     with torch.no_grad():
         assert grader.check_pipeline(first.clone(), whole[6:](first), first, full)
+        verdict(capsys)
+        # Unusual but right: a GPU's kernels round differently, a few ulps off the CPU's numbers.
+        nudged = first * (1 + 1e-6)
+        assert grader.check_pipeline(nudged, whole[6:](nudged), first, full)
         verdict(capsys)
         # `logits = full_model(x)` on rank 1 and no send/recv: nothing was received.
         fails(capsys, grader.check_pipeline(None, whole(x), first, full), "rank 1 has no `activations`")

@@ -256,6 +256,8 @@ def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
     """After a data-parallel step every rank must hold bit-identical parameters."""
     if fingerprints_by_rank is None:
         return False
+    if len(fingerprints_by_rank) < 2:  # one rank agrees with itself whatever the code does
+        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
     if any(f is None for f in fingerprints_by_rank):
         return _verdict(False, "the training cell did not finish on every rank: finish the exercise and run it")
     if len(set(fingerprints_by_rank)) == 1:
@@ -342,119 +344,233 @@ def check_horovod_allreduce(results_by_rank: list, world_size: int) -> bool:
     return _verdict(True, f"every rank holds the sum {want_total:g} and the average {want_average:g}")
 
 
-def check_accumulation(reports_by_rank: list, accumulation_steps: int) -> bool:
-    """DDP gradient accumulation.  Each rank reports {"max_error": largest difference from one
-    big-batch step on all ranks' micro batches, "all_reduces": bucket all-reduces in the window,
-    "buckets": all-reduces one synchronized backward makes}."""
+def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance: float = 1e-5) -> bool:
+    """DDP gradient accumulation.  Each rank reports {"max_error": largest difference of its
+    weights from one SGD step on the big batch (all ranks' micro batches), "all_reduces": bucket
+    all-reduces in the window, "buckets": all-reduces one synchronized backward makes}, and
+    optionally the same difference from a step of accumulation_steps x lr ("error_unscaled": the
+    micro losses were not divided) and of lr / world_size ("error_over_ranks": divided by the
+    ranks too, which DDP's average already does)."""
     if reports_by_rank is None:
         return False
+    if len(reports_by_rank) < 2:  # one rank: no all-reduce to skip, no other rank's samples to match
+        return _verdict(False, "one rank has nothing to synchronize with: start 2 or more (WORLD_SIZE = 2)")
     if any(r is None for r in reports_by_rank):
         return _verdict(False, "the accumulation cell did not finish on every rank: finish the exercise and run it")
-    report = reports_by_rank[0]
-    calls, buckets, error = report["all_reduces"], report["buckets"], report["max_error"]
-    if calls == 0:
+    buckets = reports_by_rank[0]["buckets"]
+    calls = max(r["all_reduces"] for r in reports_by_rank)
+    if min(r["all_reduces"] for r in reports_by_rank) == 0:
         return _verdict(False, "no gradient was all-reduced in the window: the last micro batch's backward must "
                                "synchronize, or the ranks drift apart")
     if calls > buckets:
         return _verdict(False, f"{calls} all-reduces in a window of {accumulation_steps} micro batches, "
-                               f"{calls // buckets} per backward: skip the synchronization on all but the last "
-                               "micro batch (DDP has a context manager for it)")
-    if not error < 1e-5:
-        return _verdict(False, f"the weights differ from one big-batch step by {error:.2g}: scale each micro "
-                               f"batch's loss by 1/{accumulation_steps} and step the optimizer once per window")
+                               f"{calls / buckets:g} backwards' worth: skip the synchronization on all but the last "
+                               "micro batch (DDP has a context manager for it; the forward belongs inside it too)")
+    worst = max(reports_by_rank, key=lambda r: r["max_error"])
+    error = worst["max_error"]
+    if not error < tolerance:
+        world_size = len(reports_by_rank)
+        if worst.get("error_unscaled", math.inf) < tolerance:
+            hint = (f"the step is {accumulation_steps}x too large: divide each micro batch's loss by "
+                    f"{accumulation_steps}, so that the window's gradient is the mean over its samples")
+        elif worst.get("error_over_ranks", math.inf) < tolerance:
+            hint = (f"the step is {world_size}x too small: DDP already averages over the ranks, so divide each "
+                    f"micro batch's loss by the accumulation steps ({accumulation_steps}) only")
+        else:
+            hint = ("one all-reduce, but not of the whole window: the synchronized backward must be the last, "
+                    f"after the other micro batches accumulated; each loss divided by {accumulation_steps}, "
+                    "one optimizer step per window")
+        return _verdict(False, f"the weights differ from one big-batch step by {error:.2g}: {hint}")
     return _verdict(True, f"one all-reduce per window ({buckets} bucket{'s' * (buckets != 1)}) and the same weights "
-                          f"as one step on the {accumulation_steps}x larger batch")
+                          f"as one step on the {accumulation_steps}x larger batch of all {len(reports_by_rank)} ranks")
 
 
 # ----------------------------------------------------------------------------- scaling
 
+# A second measurement the learner never sees: its baseline is 2 ranks, not 1, and its world
+# sizes are not all powers of two, so a formula that divides by the 1-rank rate, or by N where it
+# should divide by N / baseline, gives other numbers than the right one.
+_EFFICIENCY_HIDDEN = {2: 1900.0, 3: 2700.0, 6: 4800.0, 8: 6100.0}
+
+
 def check_efficiency(efficiency, samples_per_s: dict, mode: str = "weak") -> bool:
     """`efficiency(samples_per_s: {world_size: samples/s}) -> {world_size: efficiency}`:
-    samples/s on N ranks over N times samples/s on 1 rank (weak and strong alike)."""
+    samples/s on N ranks over N times the baseline's samples/s per rank, the baseline being the
+    smallest world size measured (weak and strong alike).  Checked on `samples_per_s` and on a
+    measurement whose baseline is 2 ranks."""
     if efficiency is None:
         return _unfinished("efficiency")
-    try:
-        got = efficiency(dict(samples_per_s))
-    except NotImplementedError:
-        return _verdict(False, "efficiency still raises NotImplementedError: finish the exercise cell")
-    base_n = min(samples_per_s)
-    base = samples_per_s[base_n] / base_n
-    for n, rate in sorted(samples_per_s.items()):
-        want = rate / (n * base)
-        value = got.get(n) if isinstance(got, dict) else None
-        if value is None:
-            return _verdict(False, f"no efficiency for world_size {n}: return one for every world size measured")
-        if math.isclose(value, want, rel_tol=1e-6):
-            continue
-        if math.isclose(value, rate / (base * base_n), rel_tol=1e-6) and n != base_n:
-            return _verdict(False, f"world_size {n}: {value:.2f} is the speed-up: divide it by the world size")
-        if value and math.isclose(value, 1 / want, rel_tol=1e-6):
-            return _verdict(False, f"world_size {n}: {value:.2f} is upside down: measured over ideal, not ideal over "
-                                   "measured")
-        return _verdict(False, f"world_size {n}: {value:.3g}, expected {want:.3g}: samples/s on N ranks over "
-                               "N times the samples/s of one rank")
-    return _verdict(True, "efficiency = samples/s on N ranks / (N x samples/s on 1 rank) at every world size")
+    for rates in (dict(samples_per_s), dict(_EFFICIENCY_HIDDEN)):
+        base_n = min(rates)
+        per_rank = rates[base_n] / base_n
+        try:
+            got = efficiency(dict(rates))
+        except NotImplementedError:
+            return _verdict(False, "efficiency still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, in one line
+            where = f"for {rates}" if base_n == 1 else f"for a baseline of {base_n} ranks, {rates}"
+            return _verdict(False, f"efficiency {where} raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}: the baseline is the smallest world size "
+                                   "measured, not always 1")
+        for n, rate in sorted(rates.items()):
+            want = rate / (n * per_rank)
+            value = got.get(n) if isinstance(got, dict) else None
+            if value is None:
+                return _verdict(False, f"no efficiency for world_size {n}: return one for every world size measured")
+            if math.isclose(value, want, rel_tol=1e-6):
+                continue
+            where = f"world_size {n}" + (f" (baseline {base_n} ranks)" if base_n != 1 else "")
+            if n != base_n and math.isclose(value, rate / rates[base_n], rel_tol=1e-6):
+                return _verdict(False, f"{where}: {value:.3g} is the speed-up over the baseline: divide it by the "
+                                       "world size, relative to the baseline's")
+            if value and math.isclose(value, 1 / want, rel_tol=1e-6):
+                return _verdict(False, f"{where}: {value:.3g} is upside down: measured over ideal, not ideal over "
+                                       "measured")
+            if base_n != 1 and math.isclose(value, rate / (n * rates[base_n]), rel_tol=1e-6):
+                return _verdict(False, f"{where}: {value:.3g}, expected {want:.3g}: the baseline's samples/s come from "
+                                       f"{base_n} ranks: divide them by {base_n} for one rank's share")
+            return _verdict(False, f"{where}: {value:.3g}, expected {want:.3g}: samples/s on N ranks over "
+                                   "N times the samples/s per rank of the baseline")
+    return _verdict(True, "efficiency = samples/s on N ranks / (N x samples/s per rank of the baseline) at every "
+                          "world size, also for a baseline of 2 ranks")
 
 
 def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps: int = 100) -> bool:
     """`lr_at(step, lr, global_batch_size, base_batch_size, warmup_steps)`: the linear scaling
-    rule with a linear warm-up from the unscaled lr (Goyal et al., 2017; scaledl.schedule)."""
+    rule with a linear warm-up from the unscaled lr (Goyal et al., 2017; scaledl.schedule).
+
+    Checked on a batch the base does not divide (k = 1.5, where integer division gives 1), on a
+    batch equal to the base (k = 1: nothing to ramp), and on a warm-up of 7 steps, where a ramp
+    one step ahead or behind is off by 1/7 of the way."""
     from scaledl import schedule
 
     if lr_at is None:
         return _unfinished("lr_at")
-    for global_batch_size in (256, 64):
-        for step in (5 * warmup_steps, warmup_steps, 0, warmup_steps // 2):  # the target first, then the ramp
-            want = schedule.lr_at(step, lr=lr, global_batch_size=global_batch_size,
-                                  base_batch_size=base_batch_size, scale_lr=True, warmup_steps=warmup_steps)
-            try:
-                got = lr_at(step, lr, global_batch_size, base_batch_size, warmup_steps)
-            except NotImplementedError:
-                return _verdict(False, "lr_at still raises NotImplementedError: finish the exercise cell")
-            if math.isclose(got, want, rel_tol=1e-6):
-                continue
-            k = global_batch_size / base_batch_size
-            if step >= warmup_steps and math.isclose(got, lr * math.sqrt(k)):
-                hint = "that is square-root scaling: the linear rule multiplies lr by global / base batch"
-            elif step >= warmup_steps and math.isclose(got, lr):
-                hint = "lr never grows with the batch: multiply it by global_batch_size / base_batch_size"
-            elif step < warmup_steps and math.isclose(got, lr * k):
-                hint = "no warm-up: ramp linearly from lr to the scaled lr over warmup_steps"
-            elif step == 0 and math.isclose(got, 0):
-                hint = "the ramp starts at the unscaled lr, not at 0 (Goyal et al.)"
-            else:
-                hint = "before warmup_steps: lr + (scaled - lr) * step / warmup_steps; after: scaled"
-            return _verdict(False, f"global batch {global_batch_size}, step {step}: lr {got:.4g}, "
-                                   f"expected {want:.4g}: {hint}")
+    cases = [(global_batch_size, warmup, step)
+             for global_batch_size, warmup in ((256, warmup_steps), (96, 7), (base_batch_size, warmup_steps))
+             for step in (5 * warmup, warmup, 0, warmup // 2, warmup - 1)]  # the target first, then the ramp
+    for global_batch_size, warmup, step in cases:
+        def expected(at: int, batch: float = global_batch_size) -> float:
+            return schedule.lr_at(at, lr=lr, global_batch_size=batch, base_batch_size=base_batch_size,
+                                  scale_lr=True, warmup_steps=warmup)
+
+        want = expected(step)
+        try:
+            got = lr_at(step, lr, global_batch_size, base_batch_size, warmup)
+        except NotImplementedError:
+            return _verdict(False, "lr_at still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, in one line
+            return _verdict(False, f"lr_at({step}, {lr}, {global_batch_size}, {base_batch_size}, {warmup}) raised "
+                                   f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}")
+        if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6):
+            continue
+        if not isinstance(got, (int, float)):
+            return _verdict(False, f"lr_at returned {got!r}: return the learning rate, a number")
+        k = global_batch_size / base_batch_size
+        integer_k = global_batch_size // base_batch_size
+        if integer_k != k and math.isclose(got, expected(step, integer_k * base_batch_size)):
+            hint = f"{global_batch_size} / {base_batch_size} is {k:g}: integer division dropped the fraction"
+        elif step >= warmup and math.isclose(got, lr * math.sqrt(k)):
+            hint = "that is square-root scaling: the linear rule multiplies lr by global / base batch"
+        elif step >= warmup and k != 1 and math.isclose(got, lr):
+            hint = "lr never grows with the batch: multiply it by global_batch_size / base_batch_size"
+        elif step < warmup and math.isclose(got, lr * k):
+            hint = "no warm-up: ramp linearly from lr to the scaled lr over warmup_steps"
+        elif step == 0 and math.isclose(got, 0):
+            hint = "the ramp starts at the unscaled lr, not at 0 (Goyal et al.)"
+        elif any(math.isclose(got, expected(step + shift)) for shift in (1, -1)):
+            hint = "the ramp is one step off: step 0 has the unscaled lr, and step warmup_steps the first full one"
+        else:
+            hint = "a straight line from lr at step 0 to the scaled lr at step warmup_steps, then the scaled lr"
+        return _verdict(False, f"global batch {global_batch_size}, warm-up {warmup} steps, step {step}: "
+                               f"lr {got:.4g}, expected {want:.4g}: {hint}")
     return _verdict(True, "lr ramps linearly from the base lr to lr x global/base batch, then stays there")
 
 
 # ----------------------------------------------------------------------------- DeepSpeed and ZeRO
 
+def deepspeed_batch(config: dict, world_size: int) -> tuple[int, int, int]:
+    """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps) as
+    DeepSpeed resolves them, or ValueError with DeepSpeed's reason for refusing the config.
+
+    DeepSpeed needs one of train_batch_size and train_micro_batch_size_per_gpu, fills in the
+    numbers left out (integer division; accumulation 1 when two are missing), then requires
+    train = micro x accumulation x world_size, every one above 0: DeepSpeedConfig's
+    `_set_batch_related_parameters` and `_batch_assertion` (deepspeed/runtime/config.py, 0.19.8;
+    the same rules in 0.17.6)."""
+    train = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps")
+    for name, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                        ("gradient_accumulation_steps", accumulation)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{name} is {value!r}: DeepSpeed wants a number")
+    if train is not None and micro is not None and accumulation is None:
+        accumulation = train // micro // world_size
+    elif train is not None and accumulation is not None and micro is None:
+        micro = train // world_size // accumulation
+    elif micro is not None and accumulation is not None and train is None:
+        train = micro * accumulation * world_size
+    elif train is not None and micro is None and accumulation is None:
+        micro, accumulation = train // world_size, 1
+    elif micro is not None and train is None and accumulation is None:
+        train, accumulation = micro * world_size, 1
+    elif train is None and micro is None:
+        raise ValueError("DeepSpeed needs train_batch_size or train_micro_batch_size_per_gpu (or both)")
+    for name, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                        ("gradient_accumulation_steps", accumulation)):
+        if value <= 0:
+            raise ValueError(f"{name} comes to {value}: DeepSpeed wants every batch number above 0")
+    if train != micro * accumulation * world_size:
+        raise ValueError(f"train_batch_size {train} != micro batch {micro} x accumulation {accumulation} x "
+                         f"world_size {world_size}: DeepSpeed refuses this config; the global batch counts every "
+                         "micro batch of every rank")
+    return train, micro, accumulation
+
+
 def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_size: int = 8,
-                           accumulation_steps: int = 2) -> bool:
-    """DeepSpeed's three batch numbers must agree (global = micro x accumulation x world_size),
-    and be the ones the exercise asks for; nothing clipped."""
+                           accumulation_steps: int = 3) -> bool:
+    """A config DeepSpeed accepts (any of the three batch numbers may be left for it to infer:
+    `deepspeed_batch`) whose batch is the one the exercise asks for, with clipping off.
+
+    The exercise runs on 2 or more ranks with an accumulation that differs from the world size,
+    so a global batch that leaves out the ranks and one that leaves out the accumulation come to
+    different numbers, both wrong.  Clipping must be off explicitly: DeepSpeed clips the gradient
+    norm to 1.0 when the key is missing from 0.19.3 on (constants.py GRADIENT_CLIPPING_DEFAULT,
+    DeepSpeed PR 8068), and not at all before (0.17.6 included)."""
     if configs_by_rank is None:
         return False
+    if world_size < 2:  # on one rank a global batch without the ranks is right by accident
+        return _verdict(False, "one rank cannot tell a global batch from a local one: start 2 or more "
+                               "(WORLD_SIZE = 2)")
     config = configs_by_rank[0]
-    micro = config.get("train_micro_batch_size_per_gpu")
-    accumulation = config.get("gradient_accumulation_steps", 1)
-    total = config.get("train_batch_size")
-    if None in (micro, total):
-        return _verdict(False, "set both train_micro_batch_size_per_gpu and train_batch_size")
+    if not isinstance(config, dict):
+        return _verdict(False, f"ds_config is {type(config).__name__}: write the config as a dict")
+    try:
+        train, micro, accumulation = deepspeed_batch(config, world_size)
+    except ValueError as error:
+        return _verdict(False, str(error))
     if micro != micro_batch_size:
-        return _verdict(False, f"the micro batch is {micro}; the exercise asks for {micro_batch_size} per rank")
+        hint = (": that is the global batch, every rank's micro batches together" if micro == train
+                else f" ({world_size} ranks' worth): the micro batch is one rank's" if micro == micro_batch_size
+                * world_size else "")
+        return _verdict(False, f"the micro batch per rank comes to {micro}; the exercise asks for "
+                               f"{micro_batch_size}{hint}")
     if accumulation != accumulation_steps:
-        return _verdict(False, f"gradient_accumulation_steps is {accumulation}; the exercise asks for "
-                               f"{accumulation_steps} micro batches per optimizer step")
-    if total != micro * accumulation * world_size:
-        return _verdict(False, f"train_batch_size {total} != micro batch {micro} x accumulation {accumulation} "
-                               f"x world_size {world_size}: the global batch counts every rank's micro batches")
-    if config.get("gradient_clipping", 1.0) != 0:
-        return _verdict(False, "DeepSpeed clips the gradient norm to 1.0 unless \"gradient_clipping\" is 0: "
-                               "the other rungs do not clip, so this run would train differently")
-    return _verdict(True, "the global batch is micro batch x accumulation x world_size, and nothing is clipped")
+        return _verdict(False, f"gradient accumulation comes to {accumulation} micro batches per optimizer step; "
+                               f"the exercise asks for {accumulation_steps}")
+    clipping = config.get("gradient_clipping")
+    if clipping is None:
+        return _verdict(False, "no \"gradient_clipping\": DeepSpeed 0.19.3 and later clip the gradient norm to 1.0 "
+                               "by default (older releases do not): set it to 0 so that no release clips")
+    if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping > 0:
+        return _verdict(False, f"\"gradient_clipping\" is {clipping!r}: DeepSpeed clips the gradient norm to that; "
+                               "the other rungs do not clip, so set 0")
+    inferred = [name for name in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                  "gradient_accumulation_steps") if name not in config]
+    said = f" (DeepSpeed infers {', '.join(inferred)})" if inferred else ""
+    return _verdict(True, f"global batch {train} = micro batch {micro} x accumulation {accumulation} x "
+                          f"world_size {world_size}{said}, and nothing is clipped")
 
 
 _PARTITIONED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}

@@ -154,23 +154,38 @@ def sampler_order(orders: dict, num_samples: int):
 
 def ddp_timeline(events_by_rank: list):
     """Backward and all-reduce on each rank against time.  Each rank's events are
-    (row, label, start_s, end_s) with row "backward" or "all-reduce"; times from a common zero."""
-    fig, ax = _figure(10, 1 + 0.9 * len(events_by_rank))
+    (row, label, start_s, end_s) with row "backward" or "all-reduce"; times from a common zero.
+
+    A layer whose backward takes a few microseconds still shows, as a bar of the figure's
+    smallest visible width; a label wider than its bar goes beside the bar, alternately above and
+    below, so that the labels of short neighbours do not cover each other."""
+    fig, ax = _figure(10, 1.4 + 1.3 * len(events_by_rank))
+    span_ms = max((end for events in events_by_rank for *_, end in events), default=0.001) * 1e3
+    min_width_ms = span_ms / 300
+    chars_per_ms = 120 / span_ms  # 6-point characters across the axis, about 120 in 10 inches
     yticks, ylabels = [], []
     for rank, events in enumerate(events_by_rank):
         for offset, row in enumerate(("backward", "all-reduce")):
-            y = rank * 2.5 + (1 - offset)
+            y = rank * 3.2 + (1 - offset) * 1.4
             yticks.append(y)
             ylabels.append(f"rank {rank} {row}")
-            for kind, label, start, end in events:
-                if kind != row:
-                    continue
+            outside = 0
+            for kind, label, start, end in sorted((e for e in events if e[0] == row), key=lambda e: e[2]):
+                start_ms, width_ms = start * 1e3, max((end - start) * 1e3, min_width_ms)
                 color = COLORS["backward"] if row == "backward" else COLORS["comm"]
-                ax.barh(y, (end - start) * 1e3, left=start * 1e3, height=0.8, color=color, edgecolor="black",
-                        linewidth=0.5)
-                ax.text((start + end) / 2 * 1e3, y, label, ha="center", va="center", fontsize=6)
-    ax.set(yticks=yticks, yticklabels=ylabels, xlabel="ms since backward started",
-           title="DDP: each bucket's all-reduce starts while backward is still running")
+                ax.barh(y, width_ms, left=start_ms, height=0.6, color=color, edgecolor="black", linewidth=0.5)
+                middle = start_ms + width_ms / 2
+                if len(label) + 1 <= width_ms * chars_per_ms:
+                    ax.text(middle, y, label, ha="center", va="center", fontsize=6)
+                else:  # beside the bar; near an end of the axis, running inwards
+                    above = outside % 2 == 0
+                    align = "left" if middle < 0.05 * span_ms else "right" if middle > 0.95 * span_ms else "center"
+                    ax.text(middle, y + (0.36 if above else -0.36), label, ha=align,
+                            va="bottom" if above else "top", fontsize=6)
+                    outside += 1
+    ax.set(yticks=yticks, yticklabels=ylabels, xlabel="ms since backward started", xlim=(0, span_ms * 1.02),
+           ylim=(-0.9, (len(events_by_rank) - 1) * 3.2 + 2.3),
+           title="DDP on every rank: backward layer by layer, all-reduce bucket by bucket")
     return fig
 
 

@@ -1,0 +1,55 @@
+"""Library noise stays out of a kernel's outputs: a real process whose sys.stderr is not file
+descriptor 2, as in a Jupyter or ipyparallel kernel, probes DeepSpeed's ops with and without
+`scaledl.quiet.deepspeed()`."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+# Like ipykernel's OutStream: sys.stderr writes to a copy of descriptor 2, and fileno() names the copy.
+PROBE = """
+import os, sys
+sys.stderr = os.fdopen(os.dup(2), "w")
+import deepspeed.ops
+if {quiet}:
+    from scaledl import quiet
+    quiet.deepspeed()
+compatible = deepspeed.ops.__compatible_ops__
+print("probed", len(compatible) > 0, "async_io" in compatible)
+"""
+
+
+def probe(quiet: bool) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE.format(quiet=quiet)], capture_output=True, text=True,
+                          env={"DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
+
+
+def test_deepspeeds_op_probe_writes_nothing_to_descriptor_2():
+    quiet = probe(True)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "probed True True" in quiet.stdout  # the probe ran, and its result is what DeepSpeed reads later
+    assert "cannot find" not in quiet.stderr and "collect2" not in quiet.stderr, quiet.stderr
+    # Without libaio's development library the same probe, unquieted, prints the linker's error:
+    # the test reproduces what it removes.
+    if not any(Path(folder, "libaio.so").exists() for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                                                                 "/usr/lib", "/usr/lib/aarch64-linux-gnu")):
+        assert "cannot find -laio" in probe(False).stderr
+
+
+def test_deprecated_collective_warnings_from_deepspeed_are_filtered_and_others_are_not():
+    code = """
+import warnings
+from scaledl import quiet
+quiet.deepspeed()
+warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated. Use x.", FutureWarning)
+warnings.warn("`torch.distributed.reduce_scatter_tensor` is deprecated. Use y.", FutureWarning)
+warnings.warn("something else is deprecated", FutureWarning)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "all_gather_into_tensor" not in result.stderr and "reduce_scatter_tensor" not in result.stderr
+    assert "something else is deprecated" in result.stderr
