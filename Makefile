@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup demo test lab exercises clean
+.PHONY: setup demo test check lab exercises clean
 
 setup: $(VENV)/.ready
 
@@ -22,10 +22,20 @@ $(VENV)/.ready: pyproject.toml constraints.txt tools/setup.sh tools/setup_site.s
 demo: setup
 	$(BIN)/scaledl demo --out-dir runs/demo --overwrite
 
+# Every tier that can run here (slow multi-process runs, the Slurm cluster, MPICH, the browser, GPUs
+# where there are some; each skips with one line where it cannot), then the ten slowest tests.
 # Notebooks run top to bottom on real kernels and real ranks; a failing cell fails the build.
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --nbval-lax --nbval-current-env \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=10 --nbval-lax --nbval-current-env \
 		tests solutions $(wildcard notebooks/*.ipynb)
+
+# The edit-test loop, under 5 minutes: the unit tests (no tier marker), one short run of every rung
+# with its own launcher (scaledl demo), and the lessons' checks (tests/test_grader.py, unmarked).
+CHECK_TIERS := not slow and not slurm and not mpich and not browser and not gpu
+check: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=5 -m "$(CHECK_TIERS)" tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/scaledl demo --out-dir runs/check --overwrite \
+		--epochs 1 --train-limit 512 --log-interval 2
 
 # Prints the address to open and the lessons' table, then serves until Ctrl-C (PORT=8899 make lab).
 lab: setup

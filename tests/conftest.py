@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,88 @@ def reports(output: str, tag: str = "REPORT") -> list[dict]:
 
 def tool(name: str) -> str:
     return os.path.join(os.path.dirname(sys.executable), name)
+
+
+# Tiers (pyproject.toml's markers) that whole files belong to; `make check` leaves them out.
+FILE_TIERS = {"test_slurm.py": ("slurm", "slow"), "test_mpich.py": ("mpich", "slow"),
+              "test_browser.py": ("browser", "slow"), "test_gpu.py": ("gpu",)}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for marker in FILE_TIERS.get(item.path.name, ()):
+            item.add_marker(marker)
+
+
+@dataclass
+class SlurmCluster:
+    """A running one-node cluster: `env` reaches it (SLURM_CONF) from any subprocess."""
+
+    folder: Path
+    env: dict
+
+    def run(self, command: list[str], timeout: float = 300, cwd: Path | None = None, **env):
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env={**self.env, **env})
+
+    def job(self, job_id: str) -> dict:
+        """`scontrol show job`'s fields (JobState, ExitCode, Restarts, ...)."""
+        text = self.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def wait_for(self, job_id: str, states: tuple[str, ...], timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.job(job_id)
+            if found.get("JobState") in states:
+                return found
+            time.sleep(0.5)
+        pytest.fail(f"job {job_id} not {'/'.join(states)} after {timeout:.0f} s: {self.job(job_id)}")
+
+
+CLUSTER_SCRIPT = ROOT / "tools" / "slurm_cluster.sh"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """tools/slurm_cluster.sh's cluster in a private folder, stopped at the end with nothing left running."""
+    missing = [p for p in ("slurmctld", "slurmd", "munged", "sbatch") if shutil.which(p) is None]
+    if missing:
+        pytest.skip(f"no Slurm here ({', '.join(missing)} missing): `make setup` installs Debian's slurm-wlm and "
+                    "munge through apt")
+    if os.geteuid() != 0 and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("the Slurm daemons need root (or sudo without a password)")
+    from scaledl.launch_env import free_port
+
+    folder = tmp_path_factory.mktemp("slurm")
+    port = free_port()
+    env = {**launchers.local_env(2), "SCALEDL_SLURM_DIR": str(folder), "SCALEDL_SLURM_PORT": str(port),
+           "SLURM_CONF": str(folder / "slurm.conf"), "SCALEDL_VENV": str(ROOT / ".venv"),
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    for name in [n for n in env if n.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")) and n != "SLURM_CONF"]:
+        del env[name]  # a test run inside a Slurm job must not hand that job's variables to this cluster
+    started = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    if started.returncode != 0:
+        pytest.fail(f"tools/slurm_cluster.sh start failed:\n{started.stderr}")
+    cluster = SlurmCluster(folder, env)
+    try:
+        yield cluster
+    finally:
+        stopped = subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], env=env, capture_output=True, text=True,
+                                 timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not cluster_processes(env["SLURM_CONF"]), "the cluster left processes running"
+
+
+def cluster_processes(slurm_conf: str) -> list[int]:
+    """Processes that carry this cluster's SLURM_CONF: its daemons, job steps and tasks."""
+    found = []
+    mark = f"SLURM_CONF={slurm_conf}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return [pid for pid in found if pid != os.getpid()]

@@ -27,6 +27,24 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null; then
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
+# The test tiers' schedulers: a one-node Slurm cluster (tools/slurm_cluster.sh, tests/test_slurm.py)
+# and MPICH's hydra mpiexec, used by its full path /usr/bin/mpiexec.mpich (tests/test_mpich.py).
+# Debian ranks MPICH's alternatives below Open MPI's (priority 40 against 50), so mpirun, mpicc
+# and libmpi.so stay Open MPI's, which Horovod and mpi4py are built and run with: checked below.
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || [ ! -x /usr/bin/mpiexec.mpich ]; then
+    if command -v apt-get >/dev/null; then
+        log "installing Slurm, munge and MPICH from Debian's packages (for the slurm and mpich tests)"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge mpich >/dev/null
+    else
+        log "no apt-get here: the slurm and mpich tests will be skipped"
+    fi
+fi
+if ! mpirun --version 2>&1 | grep -q "Open MPI"; then
+    echo "setup: error: mpirun is $(readlink -f "$(command -v mpirun)"), not Open MPI's: run" \
+         "'update-alternatives --set mpirun /usr/bin/mpirun.openmpi' (and --set mpi /usr/bin/mpicc.openmpi)" >&2
+    exit 2
+fi
 bash tools/install_chromium.sh  # Debian's Chromium for the browser test (tests/test_browser.py)
 
 [ -x "$venv/bin/python" ] || { log "creating $venv"; "$python" -m venv "$venv"; }

@@ -119,15 +119,32 @@ start() {
     echo "export SLURM_CONF=$conf"
 }
 
-# Processes started by this cluster's slurmd (slurmstepd and the tasks under it) carry its SLURM_CONF.
+# This cluster's job steps (slurmstepd carries its SLURM_CONF; it outlives slurmd by design) and
+# every process under them: what a killed job could leave.  Nothing else is touched.
 cluster_processes() {
-    local environ pid
-    for environ in /proc/[0-9]*/environ; do
-        pid=${environ#/proc/}
-        pid=${pid%/environ}
-        if as_root cat "$environ" 2>/dev/null | tr '\0' '\n' | grep -qxF "SLURM_CONF=$conf"; then
-            echo "$pid"
+    local stat line pid ppid name
+    local -A children=()
+    local queue=()
+    for stat in /proc/[0-9]*/stat; do
+        read -r line 2>/dev/null < "$stat" || continue
+        pid=${line%% *}
+        name=${line#*(}
+        name=${name%)*}
+        ppid=${line##*) }
+        ppid=${ppid#* }
+        ppid=${ppid%% *}
+        children[$ppid]+=" $pid"
+        if [ "$name" = slurmstepd ] &&
+            as_root cat "/proc/$pid/environ" 2>/dev/null | tr '\0' '\n' | grep -qxF "SLURM_CONF=$conf"; then
+            queue+=("$pid")
         fi
+    done
+    while [ ${#queue[@]} -gt 0 ]; do
+        pid=${queue[0]}
+        queue=("${queue[@]:1}")
+        echo "$pid"
+        # shellcheck disable=SC2206
+        queue+=(${children[$pid]:-})
     done
 }
 
@@ -148,7 +165,7 @@ stop() {
     done
     # What a killed job step may have left (slurmstepd outlives slurmd by design).
     local left
-    left=$(cluster_processes | grep -vx "$$" || true)
+    left=$(cluster_processes)
     if [ -n "$left" ]; then
         # shellcheck disable=SC2086
         as_root kill -9 $left 2>/dev/null || true
