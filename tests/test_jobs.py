@@ -148,3 +148,20 @@ def test_cpu_partition_script_launches_without_gpus_and_passes_run_flags(tmp_pat
     (tmp_path / "runs/ddp/1nodes/checkpoint.pt").write_bytes(b"")
     [launch] = run_script(tmp_path / "jobs/slurm/ddp.sh", env, tmp_path)
     assert launch[-5:-4] == ["--resume"] and launch[-7:-5] == ["--out-dir", "runs/ddp/1nodes"]
+
+
+def test_horovod_rungs_on_aurora_say_where_horovod_is(tmp_path):
+    # Aurora: TensorFlow's Horovod lives in the tensorflow module with a venv of its own; no Horovod for
+    # PyTorch at all.  Outside a job (no module command) each script stops with one line, status 2.
+    env = {"PATH": "/usr/bin:/bin", "PBS_NODEFILE": os.devnull}
+    tf = subprocess.run(["bash", str(ROOT / "jobs" / "aurora" / "horovod_tf.sh")], cwd=tmp_path, env=env,
+                        capture_output=True, text=True)
+    assert tf.returncode == 2 and tf.stderr.count("\n") == 1 and "tools/setup_site.sh site --venv .venv-tf" in tf.stderr
+    assert "module load tensorflow" in (ROOT / "jobs" / "aurora" / "horovod_tf.sh").read_text()
+    torch = subprocess.run(["bash", str(ROOT / "jobs" / "aurora" / "horovod_torch.sh")], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    if subprocess.run(["python3", "-c", "import horovod.torch"], env=env, capture_output=True).returncode == 0:
+        pytest.skip("this machine's python3 has Horovod for PyTorch")
+    assert torch.returncode == 2 and torch.stderr == "error: no Horovod for PyTorch on Aurora: run horovod_torch " \
+                                                     "on Polaris or a laptop\n"
+    assert "HOROVOD=1" in (ROOT / "jobs" / "polaris" / "horovod_torch.sh").read_text()

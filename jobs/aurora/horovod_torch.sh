@@ -24,6 +24,12 @@ cd "${PBS_O_WORKDIR:-.}"
 if command -v module >/dev/null 2>&1; then
     module load frameworks
 fi
+# The frameworks module has no Horovod for PyTorch (docs.alcf.anl.gov/aurora/data-science/frameworks/
+# pytorch): this job stops here unless a Horovod for PyTorch is importable.
+if ! python3 -c 'import horovod.torch' 2>/dev/null; then
+    echo "error: no Horovod for PyTorch on Aurora: run horovod_torch on Polaris or a laptop" >&2
+    exit 2
+fi
 
 # The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
 # `make setup SYSTEM=aurora` makes over the module loaded above (nothing of the module reinstalled).

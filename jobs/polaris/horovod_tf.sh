@@ -25,6 +25,8 @@ if command -v module >/dev/null 2>&1; then
     module load conda
     conda activate base
 fi
+# Horovod: not in the conda module since conda/2025-09-25; `make setup SYSTEM=polaris HOROVOD=1`
+# builds it into .venv.
 
 # The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
 # `make setup SYSTEM=polaris` makes over the module loaded above (nothing of the module reinstalled).

@@ -137,6 +137,38 @@ SETUP = {
               "# The other rungs need no MPI under srun.\n"),
 }
 
+# Rungs whose framework is not in the system's module.  Polaris' conda module has had no Horovod
+# since conda/2025-09-25 (ALCF, Polaris system updates); `make setup SYSTEM=polaris HOROVOD=1`
+# builds it into .venv.  Aurora: TensorFlow 2.15 and Intel's Horovod are in the tensorflow module,
+# not in frameworks (ALCF, TensorFlow on Aurora), and nothing on Aurora has Horovod for PyTorch
+# (ALCF, PyTorch on Aurora).
+POLARIS_HOROVOD = ("# Horovod: not in the conda module since conda/2025-09-25; `make setup SYSTEM=polaris HOROVOD=1`\n"
+                   "# builds it into .venv.\n")
+RUNG_SETUP = {
+    ("polaris", "horovod_tf"): SETUP["polaris"] + POLARIS_HOROVOD,
+    ("polaris", "horovod_torch"): SETUP["polaris"] + POLARIS_HOROVOD,
+    ("aurora", "horovod_tf"): (
+        "# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks\n"
+        "# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow), with a venv of their own, made\n"
+        "# once on a login node: module load tensorflow && tools/setup_site.sh site --venv .venv-tf\n"
+        "if command -v module >/dev/null 2>&1; then\n"
+        "    module load tensorflow\n"
+        "fi\n"
+        "SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv-tf}\n"
+        "if [ ! -f \"$SCALEDL_VENV/bin/activate\" ]; then\n"
+        "    echo \"error: no Python environment at $SCALEDL_VENV: make it once on a login node with\" \\\n"
+        "         \"'module load tensorflow && tools/setup_site.sh site --venv .venv-tf'\" >&2\n"
+        "    exit 2\n"
+        "fi\n"),
+    ("aurora", "horovod_torch"): SETUP["aurora"] + (
+        "# The frameworks module has no Horovod for PyTorch (docs.alcf.anl.gov/aurora/data-science/frameworks/\n"
+        "# pytorch): this job stops here unless a Horovod for PyTorch is importable.\n"
+        "if ! python3 -c 'import horovod.torch' 2>/dev/null; then\n"
+        "    echo \"error: no Horovod for PyTorch on Aurora: run horovod_torch on Polaris or a laptop\" >&2\n"
+        "    exit 2\n"
+        "fi\n"),
+}
+
 RUNG_NODE_COUNTS = 'node_counts=("$NNODES")'
 SWEEP_NODE_COUNTS = ("# The sweep: 1, 2, 4, ... nodes, up to the nodes of this job (the per-rank batch stays\n"
                      "# the same, so the global batch grows with the nodes: weak scaling).\n"
@@ -173,7 +205,7 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
         "name": job.name,
         "launcher": "mpiexec" if pbs else "srun",
         "workdir": "${PBS_O_WORKDIR:-.}" if pbs else "${SLURM_SUBMIT_DIR:-.}",
-        "setup": SETUP[job.system],
+        "setup": RUNG_SETUP.get((job.system, job.name), SETUP[job.system]),
         "count_nodes": '$(sort -u "$PBS_NODEFILE" | wc -l)' if pbs else "${SLURM_JOB_NUM_NODES:-1}",
         "ppn": str(job.ppn),
         "node_counts": SWEEP_NODE_COUNTS if job.sweep else RUNG_NODE_COUNTS,
