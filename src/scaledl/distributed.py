@@ -93,7 +93,8 @@ def _mpi_library() -> str:
             from mpi4py import MPI  # noqa: F401
         finally:
             mpi4py.rc.initialize = initialize
-    return sys.modules["mpi4py.MPI"].Get_library_version().strip().splitlines()[0]
+    text = sys.modules["mpi4py.MPI"].Get_library_version().replace("\x00", "").strip()
+    return text.splitlines()[0].split(",")[0]  # "Open MPI v4.1.4", "MPICH Version:      4.0.2"
 
 
 def _usable_mpi(job: LaunchEnv) -> tuple[bool, str]:
@@ -108,8 +109,8 @@ def _usable_mpi(job: LaunchEnv) -> tuple[bool, str]:
     except Exception as error:  # noqa: BLE001  no MPI library at all, or one mpi4py cannot load
         return False, f"mpi4py cannot load an MPI library ({str(error).splitlines()[0][:80]})"
     if _mpi_family(library) != wanted:
-        return False, (f"mpi4py uses {library!r}, which cannot join ranks started by {wanted}'s launcher "
-                       f"(point mpi4py at {wanted}'s library with MPI4PY_LIBMPI)")
+        return False, (f"mpi4py loads {' '.join(library.split())}, which cannot see ranks that {wanted}'s launcher "
+                       f"started; an mpi4py built for {wanted} could")
     return True, ""
 
 
