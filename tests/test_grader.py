@@ -601,3 +601,37 @@ def test_pipeline_check(capsys):
 def test_every_check_fails_on_a_name_never_set(check, args, capsys):
     assert check(*args) is False
     assert verdict(capsys).startswith("FAIL: ")
+
+
+# ---------------------------------------------------------------- FSDP2
+
+LAYERS = ("FSDPConv2d 0", "FSDPConv2d 3", "FSDPLinear 7", "FSDPLinear 9")
+
+
+def fsdp_report(own=True, at_rest=True, after_forward=False, after_backward=True, loss=2.31):
+    """What the lesson's cell reports; the combinations below are those 2 gloo ranks of torch 2.13
+    showed for each way of wrapping torch_cnn (per layer with the default, the root alone with
+    reshard_after_forward=False, per layer and root with False, set_reshard_after_forward(False))."""
+    return {"own_group": dict.fromkeys(LAYERS, own), "at_rest": dict.fromkeys(LAYERS, at_rest),
+            "after_forward": dict.fromkeys(LAYERS, after_forward),
+            "after_backward": dict.fromkeys(LAYERS, after_backward), "loss": loss}
+
+
+def test_fsdp_reshard_check(capsys):
+    assert grader.check_fsdp_reshard([fsdp_report()] * 2)
+    verdict(capsys)
+    # Unusual but right: the default wrap, then model.set_reshard_after_forward(False); 4 ranks.
+    assert grader.check_fsdp_reshard([fsdp_report()] * 4)
+    verdict(capsys)
+    # FSDP2's default: every layer reshards after forward, backward gathers it again.
+    fails(capsys, grader.check_fsdp_reshard([fsdp_report(after_forward=True)] * 2), "FSDPConv2d 0 gives its",
+          "again")
+    # Only the root wrapped (with False): one group, nothing to overlap.
+    fails(capsys, grader.check_fsdp_reshard([fsdp_report(own=False)] * 2), "not sharded on its own")
+    # Not sharded at all (the model left as it was, or wrapped in DDP).
+    fails(capsys, grader.check_fsdp_reshard([fsdp_report(own=False, at_rest=False)] * 2), "whole on every rank")
+    # Ranks that ran different models on the same batch.
+    fails(capsys, grader.check_fsdp_reshard([fsdp_report(), fsdp_report(loss=2.4)]), "different losses")
+    fails(capsys, grader.check_fsdp_reshard([fsdp_report()]), "start 2 or more")
+    fails(capsys, grader.check_fsdp_reshard([None, None]), "did not finish")
+    assert not grader.check_fsdp_reshard(None)

@@ -632,3 +632,45 @@ def check_pipeline(received, logits, first_stage_output, full_logits, tolerance:
         return _verdict(False, f"rank 1's logits differ from the whole model's (max error {error:.2g}): "
                                "run rank 1's own stage on the received activations")
     return _verdict(True, "rank 1 received rank 0's activations, and the two stages compute what the whole model does")
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+def check_fsdp_reshard(reports_by_rank: list) -> bool:
+    """FSDP2 with every layer's parameters kept gathered from its forward to its backward.
+
+    Each rank reports, per layer with parameters ({name: bool}): "own_group" (the layer is an
+    FSDPModule of its own), "at_rest" (its registered parameters are sharded DTensors before
+    forward), "after_forward" (still sharded after forward: it gave them back, so backward
+    all-gathers them again) and "after_backward" (sharded again once backward is done); and
+    "loss" (the same on every rank's identical batch).  fully_shard's docstring, torch 2.13:
+    the registered parameters after forward are the sharded ones if reshard_after_forward is
+    True, the unsharded ones if False."""
+    if reports_by_rank is None:
+        return False
+    if len(reports_by_rank) < 2:
+        return _verdict(False, "one rank has nothing to shard over: start 2 or more (WORLD_SIZE = 2)")
+    if any(r is None for r in reports_by_rank):
+        return _verdict(False, "the FSDP cells did not finish on every rank: finish the exercise and run both cells")
+    report = reports_by_rank[0]
+    for name, own in report["own_group"].items():
+        if not report["at_rest"][name]:
+            return _verdict(False, f"{name}'s parameters are whole on every rank before forward: shard the model "
+                                   "with FSDP2, every layer and then the whole model")
+        if not own:
+            return _verdict(False, f"{name} is not sharded on its own: one group for the whole model gathers all of "
+                                   "it at once, with nothing to overlap: shard each layer, then the whole model")
+    given_back = [name for name, sharded in report["after_forward"].items() if sharded]
+    if given_back:
+        return _verdict(False, f"{given_back[0]} gives its parameters back after forward (FSDP2's default for every "
+                               "layer but the root), so backward all-gathers them again: keep them until backward")
+    kept = [name for name, sharded in report["after_backward"].items() if not sharded]
+    if kept:
+        return _verdict(False, f"{kept[0]} stays gathered after backward: at rest every layer must be sharded again")
+    losses = {round(r["loss"], 5) for r in reports_by_rank}
+    if len(losses) > 1:
+        return _verdict(False, f"the ranks computed different losses on the same batch ({sorted(losses)}): every "
+                               "rank must run the same sharded model")
+    return _verdict(True, f"each of {len(report['own_group'])} layers is sharded at rest and stays gathered from its "
+                          "forward to its backward: one all-gather per layer per step fewer, at the memory of "
+                          "holding every layer whole at the end of forward")
