@@ -357,6 +357,63 @@ def test_a_busy_port_says_so_and_how_to_pick_another(tmp_path):
     assert "lost a peer rank" not in result.stderr.split(f"port {port} is already taken")[0][-300:]
 
 
+def test_a_busy_port_under_horovodrun_is_the_main_ranks_one_line(tmp_path):
+    # horovodrun starts the DDP rung too; its ranks meet at MASTER_PORT.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        command = launchers.horovodrun(2, "scaledl.ladder.ddp", ["--epochs", "1", "--timeout", "20",
+                                                                 "--out-dir", str(tmp_path / "out")])
+        env = launchers.local_env(2, clean_env(MASTER_PORT=str(port)))
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    assert result.returncode != 0
+    # horovodrun tags each rank's line; everything else is its own report.
+    ranks = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("[")]
+    assert len(ranks) == 1 and ranks[0].startswith("[0]<stderr>:scaledl.ladder.ddp: error: "), ranks
+    assert f"port {port} is already taken" in ranks[0] and "MASTER_PORT" in ranks[0], ranks
+    assert not (tmp_path / "out").exists()
+
+
+# -- every command checks the flags and paths it takes, or passes on, before it does anything ------
+
+def command_rows(a_file: Path) -> dict:
+    return {
+        "demo --epochs 0 (passed on)": (["demo", "--rungs", "single_torch", "--epochs", "0"], "--epochs must be > 0"),
+        "demo --lr nan (passed on)": (["demo", "--rungs", "ddp", "--lr", "nan"], "--lr must be a finite number"),
+        "demo flag a rung refuses": (["demo", "--rungs", "single_torch", "ddp", "--backend", "gloo"],
+                                     "rung single_torch refuses the flags the demo passes on (--backend gloo)"),
+        "demo unknown flag": (["demo", "--rungs", "ddp", "--bogus"], "unrecognized arguments: --bogus"),
+        "demo -n 0": (["demo", "-n", "0"], "must be at least 1, got 0"),
+        "demo --out-dir a file": (["demo", "--out-dir", str(a_file)], "is a file, not a directory"),
+        "demo --out-dir under a file": (["demo", "--out-dir", str(a_file / "demo")], "is a file, so"),
+        "exercises --solutions missing": (["exercises", "--solutions", "nowhere", "--out", "ex"], "is not a folder"),
+        "exercises --solutions without notebooks": (["exercises", "--solutions", ".", "--out", "ex"],
+                                                    "holds no notebook"),
+        "bench -n 0": (["bench", "overhead", "-n", "0", "--out-dir", "b"], "must be at least 1"),
+        "jobs --max-nodes 0": (["jobs", "--max-nodes", "0", "--out", "j"], "--max-nodes must be at least 1"),
+        "launch -n 0": (["launch", "-n", "0", "--", "scaledl.ladder.ddp", "--out-dir", "o"], "must be at least 1"),
+        "launch a script that is not there": (["launch", "-n", "2", "--", "train.py", "--out-dir", "o"],
+                                              "train.py is not a file"),
+        "launch a module that is not there": (["launch", "-n", "2", "--", "scaledl.ladder.nope", "--out-dir", "o"],
+                                              "no module named scaledl.ladder.nope"),
+        "doctor --sysfs missing": (["doctor", "--sysfs", "nowhere"], "no sys folder there"),
+    }
+
+
+@pytest.mark.parametrize("row", list(command_rows(Path("x"))))
+def test_every_command_refuses_bad_input_before_doing_anything(tmp_path, row):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    work = tmp_path / "work"
+    work.mkdir()
+    args, message = command_rows(a_file)[row]
+    result = subprocess.run([tool("scaledl"), *args], capture_output=True, text=True, env=clean_env(), cwd=work,
+                            timeout=240)
+    assert_one_line(result, message)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a-file", "work"], "created: " + str(list(work.rglob("*")))
+
+
 # -- errors that come through a launcher the package starts ----------------------------------------
 
 @pytest.mark.parametrize("args, message", [

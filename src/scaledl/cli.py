@@ -5,6 +5,7 @@ import importlib
 import sys
 
 from scaledl.config import OneLineParser
+from scaledl.errors import UserError
 
 # Subcommands that live in their own module: name -> (module, help). Each module has
 # `add_arguments(parser)` and `run(args) -> int`, and imports its heavy dependencies
@@ -42,7 +43,13 @@ def main(argv=None) -> int:
         from scaledl.exercises import MarkerError, generate
         from scaledl.output_paths import OutputPathError, check_dir
 
+        from pathlib import Path
+
         try:
+            if not Path(args.solutions).is_dir() or not any(Path(args.solutions).glob("*.ipynb")):
+                what = "is not a folder" if not Path(args.solutions).is_dir() else "holds no notebook (*.ipynb)"
+                raise OutputPathError(f"--solutions {args.solutions} {what}: name the folder of the lessons' "
+                                      "solutions (solutions/ in the repository)")
             if not args.check:
                 check_dir(args.out, "--out")
             changed = generate(args.solutions, args.out, args.check)
@@ -60,8 +67,8 @@ def main(argv=None) -> int:
             parser.error(f"argument --rungs: unknown rung {', '.join(unknown)} (choose from {', '.join(RUNGS)})")
         try:
             rows = demo_lib.main(args.out_dir, args.rungs, args.nproc, rest, overwrite=args.overwrite)
-        except demo_lib.OutDirError as error:
-            parser.error(str(error))
+        except UserError as error:
+            parser.exit(2, f"scaledl demo: error: {error}\n")
         return 0 if all(row["ok"] for row in rows) else 1
     return 2
 

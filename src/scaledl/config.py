@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 
-from scaledl.errors import UserError
+from scaledl.errors import CHECK_FLAGS_VAR, FlagsChecked, UserError
 
 DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -153,6 +154,8 @@ def config_from_args(parser: argparse.ArgumentParser, argv=None) -> tuple[Config
         config = Config(**{k: v for k, v in vars(args).items() if k in names})
     except ConfigError as error:
         parser.error(str(error))
+    if os.environ.get(CHECK_FLAGS_VAR):  # `scaledl demo` checks the flags it will pass on before it runs anything
+        raise FlagsChecked()
     return config, args
 
 

@@ -7,12 +7,13 @@ goes to OUT_DIR/demo.json and OUT_DIR/demo.png.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
 
-from scaledl import devices, launchers
-from scaledl.errors import UserError
+from scaledl import devices, launchers, output_paths
+from scaledl.errors import CHECK_FLAGS_VAR, UserError
 from scaledl.ladder import RUNGS
 
 COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "peak_memory_mb", "ok")
@@ -27,12 +28,42 @@ def local_device_count() -> int:
     return devices.device_count() or 2
 
 
-def claim(out: Path, rungs, overwrite: bool) -> None:
-    """Refuse an --out-dir that holds a demo unless asked to replace it; check that it can be written."""
+def check(out: Path, rungs, overwrite: bool, nproc: int | None, extra_args=()) -> None:
+    """Everything the demo will use, checked before it writes anything: --nproc, --out-dir (it
+    can be written, and holds no demo unless --overwrite), and the flags passed on to the rungs,
+    which each selected rung parses and checks itself (`errors.CHECK_FLAGS_VAR`) without running."""
+    if nproc is not None and nproc < 1:
+        raise UserError(f"argument -n/--nproc: must be at least 1, got {nproc}")
+    try:
+        output_paths.check_dir(out, "--out-dir")
+    except output_paths.OutputPathError as error:
+        raise OutDirError(str(error)) from None
     held = [out / "demo.json", *(out / rung for rung in rungs if (out / rung).exists())]
     if not overwrite and any(path.exists() for path in held):
         raise OutDirError(f"--out-dir {out} already holds a demo: pass --overwrite to replace it, or name another "
                           "--out-dir")
+    if extra_args:
+        check_rung_flags(rungs, extra_args)
+
+
+def check_rung_flags(rungs, extra_args) -> None:
+    """Each selected rung parses the flags the demo would pass it, and stops there."""
+    env = {**os.environ, CHECK_FLAGS_VAR: "1"}
+    checked = set()
+    for rung in rungs:
+        module, _, rung_args = RUNGS[rung]
+        if (module, tuple(rung_args)) in checked:
+            continue
+        checked.add((module, tuple(rung_args)))
+        command = launchers.python_module(f"scaledl.ladder.{module}", [*rung_args, *extra_args])
+        result = subprocess.run(command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            said = [line for line in result.stderr.splitlines() if ": error: " in line]
+            reason = said[-1].split(": error: ", 1)[1] if said else f"exit status {result.returncode}"
+            raise UserError(f"rung {rung} refuses the flags the demo passes on ({' '.join(extra_args)}): {reason}")
+
+
+def claim(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -110,7 +141,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(out_dir: str = "runs/demo", rungs=None, nproc: int | None = None, extra_args=(),
          overwrite: bool = False) -> list[dict]:
     out = Path(out_dir)
-    claim(out, rungs or RUNGS, overwrite)
+    check(out, rungs or RUNGS, overwrite, nproc, extra_args)
+    claim(out)
     nproc = nproc or local_device_count()
     rows = []
     for rung in rungs or RUNGS:

@@ -32,6 +32,13 @@ class RunError(Exception):
     """A run that went wrong on its own (diverged, lost a peer): one line, exit status 1."""
 
 
+CHECK_FLAGS_VAR = "SCALEDL_CHECK_FLAGS"  # set: a rung checks its flags and stops (`scaledl demo` asks)
+
+
+class FlagsChecked(Exception):
+    """Raised once the flags are parsed and checked, when $SCALEDL_CHECK_FLAGS asks for nothing more."""
+
+
 class NothingToDo(Exception):
     """The command has nothing to do (a resumed run that had already finished): one line from the
     main rank, exit status 0."""
@@ -263,6 +270,8 @@ def exits_cleanly(main):
                 _say(str(usage))
             _leave_for_launcher(rank, usage.status, str(usage))
             return usage.status
+        except FlagsChecked:
+            return 0
         except NothingToDo as done:
             if _place()[0] == 0:
                 print(f"{prog}: {done}", flush=True)

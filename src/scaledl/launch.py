@@ -222,6 +222,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a module (python -m) or a .py script, and its arguments")
 
 
+def _missing_target(target: Target) -> str | None:
+    """Why every rank would fail at once to start `target` here (checked before any rank starts), or None."""
+    if target.is_script:
+        if not os.path.isfile(target.program):
+            return f"{target.program} is not a file: name a script that exists (from {os.getcwd()}), or a module"
+        return None
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(target.program) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or is not a package
+        found = False
+    if not found:
+        return (f"no module named {target.program} in this Python ({sys.executable}): check the name, "
+                "or install the package that has it")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan = build_plan(args.nranks, parse_target(args.target), args.ppn, args.system,
@@ -232,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe(plan))
         return 0
+    missing = _missing_target(parse_target(args.target))
+    if missing:
+        print(f"{PROG}: error: {missing}", file=sys.stderr)
+        return 2
     print(f"{PROG}: {shlex.join(plan.command)}", file=sys.stderr, flush=True)
     try:
         # Signals reach every rank, and a rank's one-line error comes last with its status.
