@@ -21,7 +21,7 @@ CASES = {
     "torch_summed": ("05_horovod_torch",
                      "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())",
                      "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), "
-                     "op=hvd.Sum)", "FAIL: the ranks agree"),
+                     "op=hvd.Sum)", "summed over ranks"),
     "torch_model_only": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n", "",
                          "optimizer state"),
     "torch_lr_scaled_twice": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)",
