@@ -37,9 +37,9 @@ def test_scontrol_expands_host_lists_as_scaledl_does(slurm_cluster):
         assert "Invalid hostlist" in result.stdout + result.stderr, nodelist
 
 
-def submit(cluster, script: Path, cwd: Path, wait: bool = True, **env) -> tuple[str, str]:
+def submit(cluster, script: Path, cwd: Path, wait: bool = True, options=(), **env) -> tuple[str, str]:
     """sbatch a script from `cwd`; (job id, its output so far)."""
-    command = ["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)]
+    command = ["sbatch", "--parsable", *(["--wait"] if wait else []), *options, str(script)]
     result = cluster.run(command, cwd=cwd, timeout=600, **env)
     job_id = result.stdout.strip().split(";")[0]
     assert job_id.isdigit(), result.stderr
@@ -154,3 +154,47 @@ def test_scancel_ends_every_rank_and_leaves_nothing(slurm_cluster, cpu_jobs, tmp
     assert not left
     assert not [pid for pid in ranks if os.path.exists(f"/proc/{pid}")]
     assert deepspeed_buffers() - before == set()
+
+
+def logged_steps(metrics: Path) -> list[list[int]]:
+    """The steps metrics.jsonl logged, one list per run that wrote to it (a resumed run appends)."""
+    runs = []
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") == "config":
+            runs.append([])
+        elif record.get("type") == "log" and runs:
+            runs[-1].append(record["step"])
+    return runs
+
+
+def test_time_limit_warning_stops_the_ranks_and_the_requeued_job_resumes(slurm_cluster, cpu_jobs, tmp_path):
+    # A 1-minute limit with the warning 50 s before it (the script's own is 120 s before 30 min).
+    flags = "--epochs 500 --train-limit 2048 --checkpoint-every 4 --log-interval 4"
+    job_id, _ = submit(slurm_cluster, cpu_jobs / "ddp.sh", tmp_path, wait=False,
+                       options=["--time=1", "--signal=B:USR1@50"], SCALEDL_RUN_FLAGS=flags)
+    deadline = time.monotonic() + 150
+    while not ((requeued := slurm_cluster.job(job_id)).get("Restarts", "0") != "0"
+               and requeued.get("JobState") == "PENDING"):
+        assert time.monotonic() < deadline, f"job {job_id} never requeued: {requeued}"
+        time.sleep(1)
+    # Slurm holds a requeued job for a while (Reason=BeginTime); start it now.
+    slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    metrics = tmp_path / "runs/ddp/1nodes/metrics.jsonl"
+    deadline = time.monotonic() + 150
+    while not (len(logged_steps(metrics)) == 2 and logged_steps(metrics)[1]):
+        assert time.monotonic() < deadline, f"job {job_id} did not resume: {slurm_cluster.job(job_id)}"
+        time.sleep(1)
+    slurm_cluster.run(["scancel", job_id])
+    slurm_cluster.wait_for(job_id, ("CANCELLED",), timeout=60)
+    output = next(tmp_path.glob(f"*-{job_id}.out")).read_text()
+    first, second = logged_steps(metrics)
+    print(f"job {job_id} (ddp.sh, --time=1 --signal=B:USR1@50): {requeued['JobState']} after the warning, "
+          f"Restarts={requeued['Restarts']}; trained to step {first[-1]}, resumed at step {second[0] - 4} "
+          f"(first logged step {second[0]})")
+    before, after = output.split("time limit near: stopping the ranks, then requeueing job", 1)
+    # The ranks stopped on the warning's SIGTERM, each in one line, not killed; the requeued run resumed.
+    assert "stopped by SIGTERM (rank 0 of 2)" in after and "stopped by SIGTERM (rank 1 of 2)" in after
+    assert "Killed" not in after.split("--resume")[0], output[-3000:]
+    assert "--out-dir runs/ddp/1nodes --resume " in after
+    assert first[-1] <= second[0] <= first[-1] + 4  # from the newest checkpoint (every 4 steps)

@@ -5,7 +5,10 @@
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
 #SBATCH --time=00:30:00
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
 #SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
 #
 # The ladder's fsdp rung on slurm.
 # Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
@@ -41,11 +44,29 @@ read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
 read -ra run_flags <<< "${SCALEDL_RUN_FLAGS:-}"
 
 node_counts=("$NNODES")
+# Near the time limit Slurm sends this script SIGUSR1 (#SBATCH --signal): the ranks are stopped and
+# the job requeued; run again, it resumes from the newest checkpoint (--checkpoint-every N in
+# SCALEDL_RUN_FLAGS saves one every N steps).
+requeue=""
+on_time_limit() {
+    echo "time limit near: stopping the ranks, then requeueing job $SLURM_JOB_ID" >&2
+    requeue=1
+    scancel --signal=TERM "$SLURM_JOB_ID"  # the job's steps (the ranks), not this script
+}
+trap on_time_limit USR1
 for nodes in "${node_counts[@]}"; do
     out="runs/fsdp/${nodes}nodes"
     # A requeued or resubmitted job goes on from the checkpoint its last run left there.
     resume=()
     if [ -e "$out/checkpoint.pt" ] || [ -d "$out/checkpoint" ]; then resume=(--resume); fi
     scaledl launch --system slurm -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
-        -- scaledl.ladder.fsdp --out-dir "$out" "${resume[@]}" "${run_flags[@]}"
+        -- scaledl.ladder.fsdp --out-dir "$out" "${resume[@]}" "${run_flags[@]}" &
+    launch_pid=$!
+    status=0
+    wait "$launch_pid" || status=$?
+    if [ -n "$requeue" ]; then wait "$launch_pid" || true; break; fi
+    if [ "$status" -ne 0 ]; then exit "$status"; fi
 done
+if [ -n "$requeue" ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+fi

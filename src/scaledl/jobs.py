@@ -105,7 +105,8 @@ def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str
         lines = [f"--job-name=scaledl-{job.name}", f"--account={project}",
                  *([f"--partition={partition}"] if partition else []), f"--nodes={job.nodes}",
                  f"--ntasks-per-node={job.ppn}", *([f"--gpus-per-node={gpus}"] if gpus else []),
-                 f"--time={walltime}", "--output=%x-%j.out"]
+                 f"--time={walltime}", f"--signal=B:USR1@{TIME_LIMIT_WARNING_S}", "--requeue",
+                 "--output=%x-%j.out", "--open-mode=append"]
         text = "\n".join(f"#SBATCH {line}" for line in lines)
         if not gpus:
             text += ("\n# A CPU partition (scaledl jobs --slurm-gpus-per-node 0): no GPUs asked for; each rank\n"
@@ -169,6 +170,34 @@ RUNG_SETUP = {
         "fi\n"),
 }
 
+# Slurm: the warning before the time limit (sbatch --signal=B:USR1@WARNING_S) and what the script does
+# with it.  Bash runs a trap only between commands, so the launch runs in the background and the
+# script waits for it.  On the warning the ranks get SIGTERM from `scancel --signal=TERM` (the job's
+# steps, not this script), each leaves in one line, well before Slurm's SIGKILL (a SIGTERM to srun
+# itself would make it kill the step at once), and the job requeues itself (--requeue), to resume
+# from the newest checkpoint (save one every N steps with SCALEDL_RUN_FLAGS="--checkpoint-every N").
+TIME_LIMIT_WARNING_S = 120
+SLURM_TIME_LIMIT = (
+    "# Near the time limit Slurm sends this script SIGUSR1 (#SBATCH --signal): the ranks are stopped and\n"
+    "# the job requeued; run again, it resumes from the newest checkpoint (--checkpoint-every N in\n"
+    "# SCALEDL_RUN_FLAGS saves one every N steps).\n"
+    "requeue=\"\"\n"
+    "on_time_limit() {\n"
+    "    echo \"time limit near: stopping the ranks, then requeueing job $SLURM_JOB_ID\" >&2\n"
+    "    requeue=1\n"
+    "    scancel --signal=TERM \"$SLURM_JOB_ID\"  # the job's steps (the ranks), not this script\n"
+    "}\n"
+    "trap on_time_limit USR1\n")
+SLURM_LAUNCH_END = (" &\n"
+                    "    launch_pid=$!\n"
+                    "    status=0\n"
+                    "    wait \"$launch_pid\" || status=$?\n"
+                    "    if [ -n \"$requeue\" ]; then wait \"$launch_pid\" || true; break; fi\n"
+                    "    if [ \"$status\" -ne 0 ]; then exit \"$status\"; fi")
+SLURM_AFTER_LOOP = ("\nif [ -n \"$requeue\" ]; then\n"
+                    "    scontrol requeue \"$SLURM_JOB_ID\"\n"
+                    "fi")
+
 RUNG_NODE_COUNTS = 'node_counts=("$NNODES")'
 SWEEP_NODE_COUNTS = ("# The sweep: 1, 2, 4, ... nodes, up to the nodes of this job (the per-rank batch stays\n"
                      "# the same, so the global batch grows with the nodes: weak scaling).\n"
@@ -210,6 +239,9 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
         "ppn": str(job.ppn),
         "node_counts": SWEEP_NODE_COUNTS if job.sweep else RUNG_NODE_COUNTS,
         "target": shlex.join(job.target),
+        "time_limit": "" if pbs else SLURM_TIME_LIMIT,
+        "launch_end": "" if pbs else SLURM_LAUNCH_END,
+        "after_loop": "" if pbs else SLURM_AFTER_LOOP,
     }
     template = resources.files("scaledl").joinpath("templates", "job.sh.template").read_text()
     return re.sub(r"\{\{(\w+)\}\}", lambda match: values[match.group(1)], template)
