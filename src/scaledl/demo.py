@@ -52,9 +52,9 @@ def check_rung_flags(rungs, extra_args) -> None:
     checked = set()
     for rung in rungs:
         module, _, rung_args = RUNGS[rung]
-        if (module, tuple(rung_args)) in checked:
-            continue
-        checked.add((module, tuple(rung_args)))
+        if module in checked:
+            continue  # one parser per module (ZeRO's stages are one module): check it once
+        checked.add(module)
         command = launchers.python_module(f"scaledl.ladder.{module}", [*rung_args, *extra_args])
         result = subprocess.run(command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
         if result.returncode != 0:
