@@ -635,3 +635,48 @@ def test_fsdp_reshard_check(capsys):
     fails(capsys, grader.check_fsdp_reshard([fsdp_report()]), "start 2 or more")
     fails(capsys, grader.check_fsdp_reshard([None, None]), "did not finish")
     assert not grader.check_fsdp_reshard(None)
+
+
+# ---------------------------------------------------------------- lesson 0
+
+def polaris_launch(wrapper: bool):
+    """Where the 4 ranks of a `--depth 8 --cpu-bind depth` launch land on the recorded Polaris
+    tree, with ALCF's `CUDA_VISIBLE_DEVICES = 3 - local_rank` wrapper or with every GPU visible."""
+    from pathlib import Path
+
+    from scaledl import binding
+
+    root = Path(__file__).parent / "data" / "sysfs" / "polaris"
+    command = ["mpiexec", "-n", "4", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "python", "train.py"]
+    if wrapper:
+        command[-2:-2] = ["bash", "-c", 'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID)); exec "$@"', "bind"]
+    gpu_nodes = {address: binding.gpu_numa_node(address, root) for address in binding.gpus(root, "cuda")}
+    return binding.plan(command, {}, "cuda", 4, root), gpu_nodes
+
+
+def test_binding_prediction_check(capsys):
+    placements, gpu_nodes = polaris_launch(wrapper=True)
+    right = {0: (3, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}
+    assert grader.check_binding_prediction(right, placements, gpu_nodes)
+    assert "0->GPU 3" in verdict(capsys)
+    # Unusual but right: GPUs by PCI address, lists instead of tuples, numpy integers.
+    unusual = {int(r): [address.upper(), np.int64(node)] for r, (address, node) in
+               enumerate(sorted(gpu_nodes.items(), key=lambda item: item[1]))}  # rank r: the GPU on NUMA node r
+    assert grader.check_binding_prediction(unusual, placements, gpu_nodes)
+    verdict(capsys)
+    # The guess most people make first: rank r on GPU r, on NUMA node r.
+    fails(capsys, grader.check_binding_prediction({r: (r, r) for r in range(4)}, placements, gpu_nodes),
+          "local rank 0 uses GPU 3, not GPU 0", "cuda:<local_rank>", "NUMA node 3")
+    # The right GPUs, each given the NUMA node of its number.
+    fails(capsys, grader.check_binding_prediction({r: (3 - r, 3 - r) for r in range(4)}, placements, gpu_nodes),
+          "GPU 3 sits on NUMA node 0, not 3")
+    # Off by one: 4 - r.
+    fails(capsys, grader.check_binding_prediction({r: (4 - r, r) for r in range(4)}, placements, gpu_nodes),
+          "not GPU 4", "GPUs 0-3")
+    # A launch with every GPU visible (cuda:<local_rank>) fails even with a prediction that matches it.
+    identity, _ = polaris_launch(wrapper=False)
+    assert [p.verdict for p in identity] == ["far"] * 4
+    fails(capsys, grader.check_binding_prediction({r: (r, 3 - r) for r in range(4)}, identity, gpu_nodes),
+          "local rank 0 on NUMA node 0 with a GPU on NUMA node 3 (far)")
+    fails(capsys, grader.check_binding_prediction({0: (3, 0)}, placements, gpu_nodes), "every local rank 0-3")
+    fails(capsys, grader.check_binding_prediction(None, placements, gpu_nodes), "`prediction` is not set")

@@ -144,3 +144,23 @@ def test_horovod_cycles_wait_for_every_rank_and_fuse_what_is_ready():
     small = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0, fusion_bytes=100_000)
     assert small.reductions == [(1.0, ["fc2"]), (2.0, ["fc1"]), (2.0, ["conv2", "conv1"])]  # the buffer is full
     drawn(fig)
+
+
+def test_node_binding_shows_polaris_reverse_gpu_order():
+    from pathlib import Path
+
+    from scaledl import binding
+
+    root = Path(__file__).parent / "data" / "sysfs" / "polaris"
+    depth = ["mpiexec", "-n", "4", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "python", "train.py"]
+    wrapper = ["bash", "-c", 'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID)); exec "$@"', "bind"]
+    identity = binding.plan(depth, {}, "cuda", 4, root)
+    reverse = binding.plan([*depth[:-2], *wrapper, *depth[-2:]], {}, "cuda", 4, root)
+    gpu_nodes = {address: binding.gpu_numa_node(address, root) for address in binding.gpus(root, "cuda")}
+    assert list(gpu_nodes.values()) == [3, 2, 1, 0]  # GPU 0 on NUMA node 3: the reverse order the figure draws
+    fig = plots.node_binding({"cuda:<local_rank>": identity, "GPU 3 - local_rank": reverse},
+                             binding.numa_nodes(root), gpu_nodes)
+    assert fig.local_counts == {"cuda:<local_rank>": 0, "GPU 3 - local_rank": 4}
+    assert [ax.get_title() for ax in fig.axes] == ["cuda:<local_rank>: 0 of 4 ranks local",
+                                                   "GPU 3 - local_rank: 4 of 4 ranks local"]
+    drawn(fig)

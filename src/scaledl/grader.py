@@ -674,3 +674,45 @@ def check_fsdp_reshard(reports_by_rank: list) -> bool:
     return _verdict(True, f"each of {len(report['own_group'])} layers is sharded at rest and stays gathered from its "
                           "forward to its backward: one all-gather per layer per step fewer, at the memory of "
                           "holding every layer whole at the end of forward")
+
+
+# ----------------------------------------------------------------------------- lesson 0
+
+def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> bool:
+    """`prediction[local_rank] = (GPU, NUMA node of that GPU)` for a launch whose ranks land as
+    `placements` (`scaledl.binding.plan` on a node's sysfs tree); GPU as its number in PCI order
+    (what nvidia-smi shows) or its PCI address.  `gpu_nodes`: each GPU's PCI address -> NUMA node,
+    in PCI order.  The launch itself must put every rank on its GPU's NUMA node (local): a launch
+    with a far or split rank FAILs whatever was predicted."""
+    for p in placements:
+        if p.verdict != "local":
+            return _verdict(False, f"the launch runs local rank {p.local_rank} on NUMA node "
+                                   f"{','.join(map(str, p.cpu_nodes))} with a GPU on NUMA node {p.gpu_node} "
+                                   f"({p.verdict}): give each rank the GPU on its own cores' NUMA node")
+    if not isinstance(prediction, dict) or any(p.local_rank not in prediction for p in placements):
+        return _unfinished("prediction") if not prediction else _verdict(
+            False, f"predict every local rank 0-{len(placements) - 1}: `prediction` has {sorted(prediction)}")
+    order = list(gpu_nodes)
+    for p in placements:
+        want_gpu, want_node = order.index(p.gpu), p.gpu_node
+        try:
+            gpu, node = prediction[p.local_rank]
+            gpu = order.index(gpu.lower()) if isinstance(gpu, str) else int(gpu)
+            node = int(node)
+        except (TypeError, ValueError):
+            return _verdict(False, f"prediction[{p.local_rank}] = {prediction[p.local_rank]!r}: write (GPU number, "
+                                   "NUMA node), e.g. (2, 1)")
+        if gpu != want_gpu:
+            if gpu == p.local_rank:
+                hint = (f"that is cuda:<local_rank>; GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, "
+                        f"and local rank {p.local_rank}'s cores are on NUMA node {p.cpu_nodes[0]}")
+            elif 0 <= gpu < len(order):
+                hint = f"GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, not next to its cores"
+            else:
+                hint = f"this node has GPUs 0-{len(order) - 1}"
+            return _verdict(False, f"local rank {p.local_rank} uses GPU {want_gpu}, not GPU {gpu}: {hint}")
+        if node != want_node:
+            return _verdict(False, f"GPU {gpu} sits on NUMA node {want_node}, not {node}: a GPU's NUMA node is its "
+                                   "PCI root's, not its number (here the order is reversed)")
+    mapping = ", ".join(f"{p.local_rank}->GPU {order.index(p.gpu)}" for p in placements)
+    return _verdict(True, f"every local rank drives the GPU on its own NUMA node ({mapping}), all local")

@@ -315,3 +315,49 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     ax.invert_yaxis()
     fig.reductions = reductions  # what the drawing shows, for a caller or a test
     return fig
+
+
+def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
+    """Where each local rank runs on one node: its cores' NUMA node and the GPU it drives.
+
+    `panels`: title -> the ranks' `scaledl.binding.Placement`s (one panel each, e.g. two GPU
+    mappings of the same launch); `numa_cpus`: NUMA node -> its CPUs; `gpu_nodes`: each GPU's PCI
+    address -> its NUMA node, in PCI order (GPU k is the k-th).  A rank sits on its cores' NUMA
+    node; its arrow goes to its GPU, green when the GPU is on that NUMA node (local), red when it
+    is not: that rank's data loader, pinned memory and copies to the GPU cross the chip."""
+    from matplotlib.patches import FancyArrowPatch
+
+    from .binding import format_cpulist
+
+    from matplotlib.figure import Figure
+
+    nodes, gpus = sorted(numa_cpus), list(gpu_nodes)
+    fig = Figure(figsize=(2.6 * len(nodes), 3.0 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    counts = {}
+    for ax, (title, placements) in zip(axes, panels.items()):
+        column = {node: i for i, node in enumerate(nodes)}
+        for node, i in column.items():
+            _box(ax, i + 0.05, 1.55, 0.9, 0.9, f"NUMA node {node}\nCPUs {format_cpulist(numa_cpus[node])}", "#E8EEF7")
+        for k, address in enumerate(gpus):
+            node = gpu_nodes[address]
+            _box(ax, column[node] + 0.2, 0.05, 0.6, 0.55, f"GPU {k}\n{address}", "#F3E3D3", fontsize=7)
+        local = 0
+        for p in placements:
+            if p.gpu is None or not p.cpu_nodes:
+                continue
+            ok = p.verdict == "local"
+            local += ok
+            color = "#55A868" if ok else "#C44E52"
+            x0 = column[p.cpu_nodes[0]] + 0.5
+            ax.text(x0, 1.75, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}", ha="center", va="center",
+                    fontsize=8, fontweight="bold", color="white", bbox={"boxstyle": "round", "facecolor": color})
+            x1 = column[gpu_nodes[p.gpu]] + 0.5
+            ax.add_patch(FancyArrowPatch((x0, 1.6), (x1, 0.62), arrowstyle="-|>", mutation_scale=12, linewidth=1.6,
+                                         color=color))
+        counts[title] = local
+        ax.set_title(f"{title}: {local} of {len(placements)} ranks local", fontsize=10)
+        ax.set(xlim=(0, len(nodes)), ylim=(0, 2.5))
+        ax.axis("off")
+    fig.local_counts = counts  # what the drawing shows, for a caller or a test
+    return fig
