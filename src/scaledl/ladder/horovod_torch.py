@@ -7,6 +7,7 @@ optimizer, which averages each gradient as soon as backward makes it; --fp16-all
 """
 from __future__ import annotations
 
+import contextlib  # New Code #
 import math  # New Code #
 import os  # New Code #
 
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
     flags.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
     flags.add_argument("--adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
     config, args = harness.parse(flags, argv)
+    if args.adasum and config.precision == "fp16":  # New Code #: Adasum steps in backward's hooks, before unscaling
+        flags.error("--adasum applies each step in backward's hooks, before fp16 unscales the gradients: "
+                    "use --precision bf16 or fp32 with it")  # New Code #
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
@@ -74,7 +78,8 @@ def main(argv=None) -> int:
             run.scaler.scale(loss).backward()  # fp16 scales the loss up so that small gradients survive
             optimizer.synchronize()  # New Code #: wait for the averaged gradients before anyone reads them
             if run.guard.allows_step(model.parameters(), loss):  # NaN or inf gradients: stop, or skip the step
-                with optimizer.skip_synchronize():  # New Code #: already done above
+                # New Code #: already done above (Adasum has nothing to skip: it combines the updates inside step)
+                with contextlib.nullcontext() if args.adasum else optimizer.skip_synchronize():
                     run.scaler.step(optimizer)  # New Code #
             run.scaler.update()
             run.end_step(loss, logits, y)  # lr schedule, metrics, --checkpoint-every
