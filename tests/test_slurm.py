@@ -178,10 +178,10 @@ def test_time_limit_warning_stops_the_ranks_and_the_requeued_job_resumes(slurm_c
                and requeued.get("JobState") == "PENDING"):
         assert time.monotonic() < deadline, f"job {job_id} never requeued: {requeued}"
         time.sleep(1)
-    # Slurm holds a requeued job for a while (Reason=BeginTime); start it now.
-    slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    # Slurm holds a requeued job (Reason=BeginTime) until its old job credential has expired (about
+    # 2 minutes here); started earlier, slurmd refuses it ("Job credential revoked").
     metrics = tmp_path / "runs/ddp/1nodes/metrics.jsonl"
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 300
     while not (len(logged_steps(metrics)) == 2 and logged_steps(metrics)[1]):
         assert time.monotonic() < deadline, f"job {job_id} did not resume: {slurm_cluster.job(job_id)}"
         time.sleep(1)
