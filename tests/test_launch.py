@@ -111,6 +111,16 @@ def test_slurm_two_nodes():
     assert plan.env == {}
 
 
+def test_slurm_passes_the_allocations_cpus_per_task_on():
+    # `salloc --cpus-per-task=8` sets SLURM_CPUS_PER_TASK; srun >= 22.05 does not inherit it.
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "8"}
+    assert "--cpus-per-task=8" in build_plan(4, DDP, system="slurm", env=env, python="python").command
+    # SRUN_CPUS_PER_TASK is srun's own way to say it (the user set it): left to srun, as is no value at all.
+    for extra in ({"SRUN_CPUS_PER_TASK": "8"}, {"SLURM_CPUS_PER_TASK": ""}):
+        command = build_plan(4, DDP, system="slurm", env={**env, **extra}, python="python").command
+        assert not any(part.startswith("--cpus-per-task") for part in command)
+
+
 def test_slurm_binds_cores_only_where_the_cluster_can():
     assert task_plugin_binds_cpus("TaskPlugin              = task/affinity,task/cgroup\n") is True
     assert task_plugin_binds_cpus("TaskPlugin              = task/none\nTaskPluginParam = (null type)\n") is False

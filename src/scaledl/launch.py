@@ -190,7 +190,11 @@ def _slurm(nranks, nodes, ppn, target, env, python, dry_run):
     # Each rank on cores of its own, where the cluster can bind (task/affinity) and the user has
     # not chosen a binding (SLURM_CPU_BIND); elsewhere srun would only print that it cannot.
     bind = [] if "SLURM_CPU_BIND" in env or slurm_binds_cpus(env) is False else ["--cpu-bind=cores"]
-    command = ["srun", "-N", str(nodes), "-n", str(nranks), "--ntasks-per-node", str(ppn), *gpus,
+    # Since Slurm 22.05 srun no longer inherits the allocation's --cpus-per-task (its RELEASE_NOTES;
+    # sbatch(1), --cpus-per-task): without it each rank would get one core.  Passed on explicitly.
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    per_task = [f"--cpus-per-task={cpus}"] if cpus.isdigit() and "SRUN_CPUS_PER_TASK" not in env else []
+    command = ["srun", "-N", str(nodes), "-n", str(nranks), "--ntasks-per-node", str(ppn), *gpus, *per_task,
                *bind, *target.python_command(python)]
     return command, {}
 
