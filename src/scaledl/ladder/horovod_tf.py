@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     config, args = harness.parse(flags, argv)
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
+    os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
     distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
     hvd.init()  # New Code #: rank, local_rank and size from horovodrun or MPI
     pin_gpu(hvd.local_rank())  # New Code #

@@ -46,6 +46,7 @@ def main(argv=None) -> int:
                     "use --precision bf16 or fp32 with it")  # New Code #
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
+    os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
     distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
     hvd.init()  # New Code #: rank, local_rank and size from horovodrun or MPI
     device = devices.pick_device(config.device, hvd.local_rank())  # New Code #: each rank its own GPU on the node
