@@ -64,8 +64,12 @@ def freeze(python: Path) -> dict[str, str]:
 def test_pip_install_into_an_existing_environment_changes_nothing(tmp_path, packages):
     python = new_venv(tmp_path / "theirs", *packages)
     before = freeze(python)
-    # A plain install with pip's own dependency resolution, as a user does it.
-    sh([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", ROOT])
+    # A plain install with pip's own dependency resolution, as a user does it, from a copy of the
+    # checkout: setuptools writes build/ and *.egg-info into the folder it builds.
+    source = tmp_path / "scaledl"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache"))
+    sh([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", source])
     after = freeze(python)
     added = {name: after[name] for name in set(after) - set(before)}
     changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
