@@ -342,6 +342,7 @@ def test_damaged_deepspeed_checkpoint(tmp_path, deepspeed_run, how):
 
 # -- a busy port ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_busy_port_says_so_and_how_to_pick_another(tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -357,6 +358,7 @@ def test_a_busy_port_says_so_and_how_to_pick_another(tmp_path):
     assert "lost a peer rank" not in result.stderr.split(f"port {port} is already taken")[0][-300:]
 
 
+@pytest.mark.slow
 def test_a_busy_port_under_horovodrun_is_the_main_ranks_one_line(tmp_path):
     # horovodrun starts the DDP rung too; its ranks meet at MASTER_PORT.
     with socket.socket() as held:

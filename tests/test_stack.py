@@ -63,6 +63,7 @@ def test_installed_versions_match_the_pins():
         assert installed.split("+")[0] == pinned, f"{name} {installed} installed, {pinned} pinned"
 
 
+@pytest.mark.slow  # horovodrun starts and loads every framework: about 12 s
 def test_horovod_check_build_has_tensorflow_pytorch_mpi_and_gloo():
     output = subprocess.run([tool("horovodrun"), "--check-build"], capture_output=True, text=True,
                             check=True).stdout
