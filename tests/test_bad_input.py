@@ -8,6 +8,7 @@ line that says `error:` and no traceback is printed.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import pickle
@@ -342,12 +343,18 @@ def test_damaged_deepspeed_checkpoint(tmp_path, deepspeed_run, how):
 
 # -- a busy port ----------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_a_busy_port_says_so_and_how_to_pick_another(tmp_path):
+@contextlib.contextmanager
+def a_busy_port():
+    """A port on 127.0.0.1 that something listens on while the block runs."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        port = held.getsockname()[1]
+        yield held.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_busy_port_says_so_and_how_to_pick_another(tmp_path):
+    with a_busy_port() as port:
         command = launchers.deepspeed(2, "scaledl.ladder.deepspeed", ["--epochs", "1", "--out-dir",
                                                                       str(tmp_path / "out"), "--timeout", "20"])
         command = [a if not a.startswith("--master_port=") else f"--master_port={port}" for a in command]
@@ -361,10 +368,7 @@ def test_a_busy_port_says_so_and_how_to_pick_another(tmp_path):
 @pytest.mark.slow
 def test_a_busy_port_under_horovodrun_is_the_main_ranks_one_line(tmp_path):
     # horovodrun starts the DDP rung too; its ranks meet at MASTER_PORT.
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
+    with a_busy_port() as port:
         command = launchers.horovodrun(2, "scaledl.ladder.ddp", ["--epochs", "1", "--timeout", "20",
                                                                  "--out-dir", str(tmp_path / "out")])
         env = launchers.local_env(2, clean_env(MASTER_PORT=str(port)))
