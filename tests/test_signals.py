@@ -6,6 +6,7 @@ a launcher killed with SIGKILL: after each, no rank of the job may keep training
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -200,3 +201,58 @@ def test_the_watcher_says_nothing_when_the_rank_and_its_launcher_end_together():
         result = subprocess.run([sys.executable, "-c", RACE, str(delay)], capture_output=True, text=True,
                                 env=clean_env(1), timeout=60)
         assert result.returncode == 0 and result.stderr == "", f"attempt {attempt}:\n{result.stderr}"
+
+
+def rank_process(marker: str, rank: int, limit_s: float = 60) -> psutil.Process:
+    """The rank `rank` of the run whose command line names `marker` (its launcher has no RANK)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for process in processes_of(marker):
+            try:
+                if process.environ().get("RANK") == str(rank):
+                    return process
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    pytest.fail(f"no rank {rank} of {marker} within {limit_s} s")
+
+
+def logged_steps(out_dir: Path) -> list[list[int]]:
+    """The steps metrics.jsonl logged, one list per start of the run (each starts with its config line)."""
+    runs: list[list[int]] = []
+    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") == "config":
+            runs.append([])
+        elif record.get("type") == "log":
+            runs[-1].append(record["step"])
+    return runs
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_a_stop_request_to_one_rank_saves_at_a_step_every_rank_agrees_on_and_resume_goes_on(tmp_path, launcher):
+    # Slurm's warning before a time limit (sbatch --signal=USR1@120, passed on by the job script)
+    # reaches the ranks one by one; here only rank 1 hears it.  Every rank must stop at the same
+    # step, after saving there, or the checkpoint is torn and a resume trains from an older one.
+    out_dir = tmp_path / "run"
+    rung, command = ("ddp", launchers.torchrun) if launcher == "torchrun" else ("deepspeed", launchers.deepspeed)
+    flags = [*ARGS, "--out-dir", str(out_dir)]
+    process = start(command(2, f"scaledl.ladder.{rung}", flags), out_dir)
+    wait_until_training(out_dir)
+    rank_process(str(out_dir), 1).send_signal(signal.SIGUSR1)
+    sent_at = time.monotonic()
+    _, stderr = assert_all_gone(process, str(out_dir), sent_at)
+    assert process.returncode == 0, stderr[-3000:]  # done as asked: the launcher says nothing more
+    assert not (out_dir / "summary.json").exists()  # ... but the run is not finished
+    stopped = [line for line in stderr.splitlines() if "on SIGUSR1" in line]
+    assert len(stopped) == 1 and "saved a checkpoint at step" in stopped[0], stderr[-3000:]
+    step = int(stopped[0].split("at step ")[1].split()[0])
+    trained = logged_steps(out_dir)[0]
+    assert step == trained[-1] and step % 5 == 0, (step, trained)  # the metrics line every rank reached
+    # The same command with --resume goes on from that step, not from the start or an older one.
+    resumed = subprocess.run(command(2, f"scaledl.ladder.{rung}", [*flags, "--resume", "--max-steps", str(step + 5)]),
+                             capture_output=True, text=True, env=clean_env(2), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged_steps(out_dir)[1] == [step + 5], logged_steps(out_dir)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["params_in_sync"] is True

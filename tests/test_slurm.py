@@ -6,6 +6,7 @@ there is no Slurm.  Runs are short (1 epoch of 512 samples); each prints its job
 """
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -168,9 +169,10 @@ def logged_steps(metrics: Path) -> list[list[int]]:
     return runs
 
 
-def test_time_limit_warning_stops_the_ranks_and_the_requeued_job_resumes(slurm_cluster, cpu_jobs, tmp_path):
-    # A 1-minute limit with the warning 50 s before it (the script's own is 120 s before 30 min).
-    flags = "--epochs 500 --train-limit 2048 --checkpoint-every 4 --log-interval 4"
+def test_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_from_it(slurm_cluster, cpu_jobs, tmp_path):
+    # A 1-minute limit with the warning 50 s before it (the script's own is 120 s before 30 min).  No
+    # --checkpoint-every: the only checkpoint is the one the ranks save when the warning comes.
+    flags = "--epochs 500 --train-limit 2048 --log-interval 4"
     job_id, _ = submit(slurm_cluster, cpu_jobs / "ddp.sh", tmp_path, wait=False,
                        options=["--time=1", "--signal=B:USR1@50"], SCALEDL_RUN_FLAGS=flags)
     deadline = time.monotonic() + 150
@@ -189,12 +191,14 @@ def test_time_limit_warning_stops_the_ranks_and_the_requeued_job_resumes(slurm_c
     slurm_cluster.wait_for(job_id, ("CANCELLED",), timeout=60)
     output = next(tmp_path.glob(f"*-{job_id}.out")).read_text()
     first, second = logged_steps(metrics)
+    saved = re.search(r"saved a checkpoint at step (\d+) on SIGUSR1", output)
     print(f"job {job_id} (ddp.sh, --time=1 --signal=B:USR1@50): {requeued['JobState']} after the warning, "
-          f"Restarts={requeued['Restarts']}; trained to step {first[-1]}, resumed at step {second[0] - 4} "
-          f"(first logged step {second[0]})")
-    before, after = output.split("time limit near: stopping the ranks, then requeueing job", 1)
-    # The ranks stopped on the warning's SIGTERM, each in one line, not killed; the requeued run resumed.
-    assert "stopped by SIGTERM (rank 0 of 2)" in after and "stopped by SIGTERM (rank 1 of 2)" in after
-    assert "Killed" not in after.split("--resume")[0], output[-3000:]
+          f"Restarts={requeued['Restarts']}; saved at step {saved and saved.group(1)} (last logged {first[-1]}), "
+          f"resumed with first logged step {second[0]}")
+    before, after = output.split("time limit near: the ranks save a checkpoint and stop", 1)
+    # The ranks stopped together at a metrics line after saving there, not stopped by a signal or killed.
+    assert saved and int(saved.group(1)) == first[-1], output[-3000:]
+    assert "stopped by SIG" not in after.split("--resume")[0] and "Killed" not in after.split("--resume")[0], \
+        output[-3000:]
     assert "--out-dir runs/ddp/1nodes --resume " in after
-    assert first[-1] <= second[0] <= first[-1] + 4  # from the newest checkpoint (every 4 steps)
+    assert second[0] == first[-1] + 4  # the requeued run went on from the step it saved, nothing trained twice

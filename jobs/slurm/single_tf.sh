@@ -44,14 +44,14 @@ read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
 read -ra run_flags <<< "${SCALEDL_RUN_FLAGS:-}"
 
 node_counts=("$NNODES")
-# Near the time limit Slurm sends this script SIGUSR1 (#SBATCH --signal): the ranks are stopped and
-# the job requeued; run again, it resumes from the newest checkpoint (--checkpoint-every N in
-# SCALEDL_RUN_FLAGS saves one every N steps).
+# Near the time limit Slurm sends this script SIGUSR1 (#SBATCH --signal): it passes the signal on to
+# the ranks, which save a checkpoint at the next metrics line (keep --log-interval steps well under
+# 120 s) and stop; then the job requeues itself and, run again, resumes from that checkpoint.
 requeue=""
 on_time_limit() {
-    echo "time limit near: stopping the ranks, then requeueing job $SLURM_JOB_ID" >&2
+    echo "time limit near: the ranks save a checkpoint and stop, then job $SLURM_JOB_ID is requeued" >&2
     requeue=1
-    scancel --signal=TERM "$SLURM_JOB_ID"  # the job's steps (the ranks), not this script
+    scancel --signal=USR1 "$SLURM_JOB_ID"  # the job's steps (the ranks), not this script
 }
 trap on_time_limit USR1
 for nodes in "${node_counts[@]}"; do

@@ -44,6 +44,14 @@ class NothingToDo(Exception):
     main rank, exit status 0."""
 
 
+class StoppedOnRequest(Exception):
+    """Every rank stopped together at an agreed step because one was asked to (SIGUSR1, a
+    scheduler's warning before its time limit), after saving a checkpoint where the rung keeps
+    them: one line from the main rank, exit status 0.  What was asked for was done, and a
+    non-zero status would make torchrun print a screenful per rank; the run is not finished
+    (no summary.json), which the line says."""
+
+
 # Set by scaledl.distributed.setup, so that a collective's timeout can be named in the error.
 collective_timeout_s: float | None = None
 
@@ -275,6 +283,10 @@ def exits_cleanly(main):
         except NothingToDo as done:
             if _place()[0] == 0:
                 print(f"{prog}: {done}", flush=True)
+            return 0
+        except StoppedOnRequest as stopped:
+            if _place()[0] == 0:
+                _say(f"{prog}: {stopped}")
             return 0
         except signals.Interrupted as interrupt:
             return _interrupted(prog, interrupt.signum)

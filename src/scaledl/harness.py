@@ -29,11 +29,11 @@ from typing import Callable
 
 import numpy as np
 
-from scaledl import config as config_lib, report, run_dir, run_state, schedule
+from scaledl import config as config_lib, report, run_dir, run_state, schedule, signals
 from scaledl.config import Config
 from scaledl.datasets import DataError
 from scaledl.distributed import exit_process  # noqa: F401  (the rungs leave through it)
-from scaledl.errors import NothingToDo
+from scaledl.errors import NothingToDo, StoppedOnRequest
 from scaledl.log import get_logger
 from scaledl.metrics import History, local_gather, torch_gather
 
@@ -168,12 +168,21 @@ class Run:
         self.history.step(loss_sum, correct, count)
         if self.step % self.config.log_interval == 0:
             self.log_metrics()
+            if self.history.stop_agreed:
+                self.stop_on_request()
 
     def log_metrics(self) -> None:
-        record = self.history.log(self.step, self.step / self.steps_per_epoch, lr=self.current_lr())
+        # A stop request (SIGUSR1) rides in the metrics' collective: every rank learns of it at this step.
+        record = self.history.log(self.step, self.step / self.steps_per_epoch, stop=signals.stop_requested is not None,
+                                  lr=self.current_lr())
         if record:
             self.log.info("epoch %d step %d loss %.4f acc %.3f %.0f samples/s", self.epoch, self.step,
                           record["loss"], record["accuracy"], record["samples_per_s"])
+
+    def stop_on_request(self) -> None:
+        """Every rank, at the same step, once one was sent SIGUSR1 (a scheduler's time-limit warning)."""
+        raise StoppedOnRequest(f"stopped at step {self.step} on SIGUSR1; this rung keeps no checkpoint, so running it "
+                               "again starts over")
 
     def current_lr(self) -> float:
         return schedule.for_config(self.config, self.world_size, self.steps_per_epoch)(max(self.step - 1, 0))
@@ -257,6 +266,13 @@ class TorchRun(Run):
 
     def save(self) -> None:
         self.store.save(self.scheduler, self.epoch, self.step)
+
+    def stop_on_request(self) -> None:
+        # Called from `record`, after the optimizer and scheduler stepped: the same state as --checkpoint-every's.
+        self.save()
+        raise StoppedOnRequest(f"saved a checkpoint at step {self.step} on SIGUSR1 and stopped: run the same command "
+                               f"with --resume to go on from there ({self.store.path}; the run is not finished: "
+                               "no summary.json yet)")
 
     def end_training(self) -> None:
         self.save()

@@ -172,20 +172,21 @@ RUNG_SETUP = {
 
 # Slurm: the warning before the time limit (sbatch --signal=B:USR1@WARNING_S) and what the script does
 # with it.  Bash runs a trap only between commands, so the launch runs in the background and the
-# script waits for it.  On the warning the ranks get SIGTERM from `scancel --signal=TERM` (the job's
-# steps, not this script), each leaves in one line, well before Slurm's SIGKILL (a SIGTERM to srun
-# itself would make it kill the step at once), and the job requeues itself (--requeue), to resume
-# from the newest checkpoint (save one every N steps with SCALEDL_RUN_FLAGS="--checkpoint-every N").
+# script waits for it.  On the warning the script passes SIGUSR1 on to the ranks with `scancel
+# --signal=USR1` (by default scancel signals the job's steps, not the batch script: scancel(1),
+# --batch); every rank stops at the next metrics line (--log-interval steps at most), the step
+# they agree on, after saving a checkpoint there (scaledl.signals, scaledl.harness), well before
+# Slurm's SIGTERM and SIGKILL at the limit.  The job then requeues itself (--requeue) and resumes.
 TIME_LIMIT_WARNING_S = 120
 SLURM_TIME_LIMIT = (
-    "# Near the time limit Slurm sends this script SIGUSR1 (#SBATCH --signal): the ranks are stopped and\n"
-    "# the job requeued; run again, it resumes from the newest checkpoint (--checkpoint-every N in\n"
-    "# SCALEDL_RUN_FLAGS saves one every N steps).\n"
+    "# Near the time limit Slurm sends this script SIGUSR1 (#SBATCH --signal): it passes the signal on to\n"
+    "# the ranks, which save a checkpoint at the next metrics line (keep --log-interval steps well under\n"
+    "# 120 s) and stop; then the job requeues itself and, run again, resumes from that checkpoint.\n"
     "requeue=\"\"\n"
     "on_time_limit() {\n"
-    "    echo \"time limit near: stopping the ranks, then requeueing job $SLURM_JOB_ID\" >&2\n"
+    "    echo \"time limit near: the ranks save a checkpoint and stop, then job $SLURM_JOB_ID is requeued\" >&2\n"
     "    requeue=1\n"
-    "    scancel --signal=TERM \"$SLURM_JOB_ID\"  # the job's steps (the ranks), not this script\n"
+    "    scancel --signal=USR1 \"$SLURM_JOB_ID\"  # the job's steps (the ranks), not this script\n"
     "}\n"
     "trap on_time_limit USR1\n")
 SLURM_LAUNCH_END = (" &\n"

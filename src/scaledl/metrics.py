@@ -47,7 +47,7 @@ def summarize(per_rank: np.ndarray) -> dict:
 
     Exposed on its own so the reduction can be tested with known per-rank values.
     """
-    loss_sum, correct, samples, steps, seconds = per_rank.T
+    loss_sum, correct, samples, steps, seconds = per_rank[:, :5].T
     step_time_mean = seconds / np.maximum(steps, 1)
     rank_throughput = samples / np.maximum(seconds, 1e-12)
     return {
@@ -69,6 +69,7 @@ class History:
         self.rank, self.world_size, self.gather = rank, world_size, gather
         self.records: list[dict] = []
         self.total_steps = 0
+        self.stop_agreed = False  # set by `log` on every rank once any rank asked to stop (`stop=True`)
         self.path = Path(out_dir) / "metrics.jsonl" if out_dir is not None else None
         self._reset()
         self.tensorboard = None
@@ -106,16 +107,19 @@ class History:
         """Steps added since the last log (the last interval of a run may be short)."""
         return self._steps
 
-    def log(self, step: int, epoch: float | None = None, **extra) -> dict | None:
+    def log(self, step: int, epoch: float | None = None, stop: bool = False, **extra) -> dict | None:
         """Reduce across ranks (one collective; every rank must call it), record, reset.
 
         Reading the sums waits for the device, so the interval's clock is read after it: the
         step time is the interval's wall time over its steps, with no per-step sync.
+        `stop` is this rank's request to end the run here; it rides in the same collective, so
+        every rank learns at the same step whether any rank asked (`stop_agreed`), at no extra cost.
         Returns the record on rank 0 and None elsewhere."""
         loss_sum, correct = (float(v) for v in self._sums) if self._sums is not None else (0.0, 0.0)
         interval = time.perf_counter() - self._interval_start
-        vector = np.array([loss_sum, correct, self._samples, self._steps, interval], np.float64)
+        vector = np.array([loss_sum, correct, self._samples, self._steps, interval, float(stop)], np.float64)
         rows = self.gather(vector)
+        self.stop_agreed = bool(rows[:, 5].max() > 0)
         self._reset()
         if self.rank != 0:
             return None

@@ -13,7 +13,13 @@ or none at all.  Here:
   has not (removing the DeepSpeed shared memory it had mapped);
 - a rank started by a launcher dies with it: the kernel sends SIGTERM when the parent goes
   (PR_SET_PDEATHSIG), and the watcher also notices a launcher further up that is gone (the
-  `deepspeed` runner starts a second launcher that starts the ranks).
+  `deepspeed` runner starts a second launcher that starts the ranks);
+- SIGUSR1 is a request, not an ending: it only sets `stop_requested`.  Slurm sends it before a
+  job's time limit (`sbatch --signal`), and the harness answers at the next metrics line, the
+  step every rank agrees on: it saves a checkpoint and stops, so that the requeued job resumes
+  from there.  PyTorch Lightning listens for the same signal under Slurm (its
+  `_SignalConnector`, lightning/pytorch/trainer/connectors/signal_connector.py) but saves from
+  inside the handler, wherever each rank happens to be; an agreed step keeps ranks consistent.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import sys
 import threading
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_REQUEST = signal.SIGUSR1  # "save and stop at the next step every rank agrees on"
 GRACE_S = 5.0  # after a signal, time for the main thread to unwind before the watcher ends the process
 POLL_S = 0.5  # how often the watcher looks at the launcher processes
 PR_SET_PDEATHSIG = 1
@@ -32,6 +39,7 @@ PR_SET_PDEATHSIG = 1
 received: int | None = None  # the first signal the main thread saw, if any
 reported = False  # set once this rank's one line about it is out
 leaving = False  # set by `leave()`: the process is exiting with its status, a signal changes nothing
+stop_requested: int | None = None  # STOP_REQUEST's number once it came (see `_on_stop_request`)
 _cleanups: list = []
 _installed = False
 
@@ -145,6 +153,13 @@ def _on_signal(signum, frame):
     raise Interrupted(signum)
 
 
+def _on_stop_request(signum, frame):
+    # Only a flag: the main thread may be inside a collective, and every rank must stop at the
+    # same step (scaledl.harness reads the flag when the ranks next reduce their metrics).
+    global stop_requested
+    stop_requested = signum
+
+
 def leave() -> None:
     """From here on the process is exiting: a signal is noted, not raised (see `_on_signal`)."""
     global leaving
@@ -256,6 +271,8 @@ def install(line: str = "stopped by {signal}") -> None:
         if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
             continue  # started under nohup: keep ignoring a lost terminal
         signal.signal(signum, _on_signal)
+    if signal.getsignal(STOP_REQUEST) in (signal.SIG_DFL, None):  # left alone if the caller has a handler
+        signal.signal(STOP_REQUEST, _on_stop_request)
     launchers = []
     if started_by_launcher():
         _die_with_parent()
