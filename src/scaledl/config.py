@@ -16,8 +16,10 @@ import sys
 from dataclasses import dataclass, field
 
 from scaledl.errors import CHECK_FLAGS_VAR, FlagsChecked, UserError
+from scaledl.models import MODELS, TRANSFORMER_DEFAULTS
 
-DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic")
+DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic", "tokens")
+TRANSFORMER_FLAGS = tuple(TRANSFORMER_DEFAULTS)
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -42,8 +44,19 @@ class Config:
     seed: int = field(default=0, metadata={"flag": "--seed", "help": "seed for model init and data order"})
     precision: str = field(default="fp32", metadata={
         "flag": "--precision", "help": "fp32, bf16, or fp16 with loss scaling", "choices": PRECISIONS})
-    dataset: str = field(default="mnist-embedded", metadata={
-        "flag": "--dataset", "help": "data set to train on", "choices": DATASETS})
+    model: str = field(default="cnn", metadata={
+        "flag": "--model", "help": "cnn (images), or transformer (token sequences; PyTorch rungs)", "choices": MODELS})
+    width: int | None = field(default=None, metadata={
+        "flag": "--width", "help": f"transformer: model width (default {TRANSFORMER_DEFAULTS['width']})"})
+    depth: int | None = field(default=None, metadata={
+        "flag": "--depth", "help": f"transformer: number of blocks (default {TRANSFORMER_DEFAULTS['depth']})"})
+    heads: int | None = field(default=None, metadata={
+        "flag": "--heads", "help": f"transformer: attention heads (default {TRANSFORMER_DEFAULTS['heads']})"})
+    seq_len: int | None = field(default=None, metadata={
+        "flag": "--seq-len", "help": f"transformer: tokens per sample (default {TRANSFORMER_DEFAULTS['seq_len']})"})
+    dataset: str | None = field(default=None, metadata={
+        "flag": "--dataset", "help": "data set to train on (default: mnist-embedded for the CNN, tokens for the "
+        "transformer)", "choices": DATASETS})
     data_dir: str | None = field(default=None, metadata={
         "flag": "--data-dir", "help": "where staged MNIST / CIFAR-10 files are (default: $SCALEDL_DATA)"})
     train_limit: int | None = field(default=None, metadata={
@@ -94,8 +107,36 @@ class Config:
                 raise ConfigError(f"{flag_of(name)} must be > 0, got {getattr(self, name)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        self._check_model()
         if self.dataset not in DATASETS:
             raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+
+    def _check_model(self) -> None:
+        """--model and its data set and size flags agree; fills in the model's defaults."""
+        if self.model not in MODELS:
+            raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        given = [name for name in TRANSFORMER_FLAGS if getattr(self, name) is not None]
+        if self.model == "cnn":
+            if given:
+                raise ConfigError(f"only --model transformer takes {', '.join(flag_of(n) for n in given)}: add "
+                                  "--model transformer or leave them out")
+            if self.dataset == "tokens":
+                raise ConfigError("--dataset tokens holds token sequences for --model transformer; the CNN trains on "
+                                  "mnist-embedded, mnist, cifar10 or synthetic")
+            self.dataset = self.dataset or "mnist-embedded"
+            return
+        if self.dataset not in (None, "tokens"):
+            raise ConfigError(f"--model transformer trains on --dataset tokens (synthetic token sequences), not "
+                              f"{self.dataset}: leave out --dataset")
+        self.dataset = "tokens"
+        for name in TRANSFORMER_FLAGS:
+            if getattr(self, name) is None:
+                setattr(self, name, TRANSFORMER_DEFAULTS[name])
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ConfigError(f"{flag_of(name)} must be a whole number > 0, got {getattr(self, name)}")
+        if self.width % self.heads:
+            raise ConfigError(f"--width {self.width} must be a multiple of --heads {self.heads} (each head gets "
+                              "width/heads features)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -6,6 +6,8 @@
   torchvision's `MNIST/raw/` layout), downloaded there first where the machine has internet.
 - `cifar10`: CIFAR-10's python pickles (`cifar-10-batches-py/`) from a staged directory.
 - `synthetic`: random images and labels, for throughput measurements without I/O.
+- `tokens`: synthetic token sequences with a learnable label, for `--model transformer`
+  (`tokens()` says how they are made); `for_config` sizes them by `--seq-len`.
 
 torchvision.datasets reads the same files, but it is not installed beside the CPU build of
 PyTorch this project pins (their wheels do not match), and TensorFlow rungs need the arrays
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from scaledl.errors import UserError
+from scaledl.models import TRANSFORMER_DEFAULTS
 
 EMBEDDED_TRAIN_SIZE = 8000  # of the 10k embedded images; the other 2000 are the test subset
 EMBEDDED_SPLIT_SEED = 1234  # fixed: the subsets must not change with the run's --seed
@@ -201,6 +204,41 @@ def synthetic(num_train: int = 4096, num_test: int = 512, shape=(28, 28, 1), see
                    rng.integers(0, 10, num_test))
 
 
+class TokenDataset(Dataset):
+    """Token sequences in the image layout, N x L x 1 x 1 uint8 (a byte per token), so that every
+    loader, sampler and evaluation serves them unchanged: the transformer reads the ids back
+    from the float tensor they arrive as (exact: floats hold integers up to 2**24)."""
+
+    def normalized(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float32)  # ids, not intensities: no scaling
+
+
+TOKENS_SEED = 4321  # fixed: the sequences must not change with the run's --seed
+TOKENS_PLANTED = 4  # one token in TOKENS_PLANTED is from the label's group
+
+
+def tokens(seq_len: int = 128, num_train: int = 8192, num_test: int = 1024, num_classes: int = 10,
+           seed: int = TOKENS_SEED) -> TokenDataset:
+    """Sequences of random bytes in which the label's group is planted: a sample of class c has
+    one position in TOKENS_PLANTED (at random places) holding a token t with t % num_classes == c,
+    the others uniform over 0..255.  The class is the group that is most frequent, which mean
+    pooling over the sequence can see, so a small transformer learns it in a few hundred steps
+    (chance is 1/num_classes)."""
+    rng = np.random.default_rng(seed)
+
+    def make(count):
+        labels = rng.integers(0, num_classes, count)
+        x = rng.integers(0, 256, (count, seq_len), dtype=np.uint8)
+        planted = rng.random((count, seq_len)) < 1 / TOKENS_PLANTED
+        per_group = (256 - num_classes) // num_classes + 1  # tokens c, c + C, c + 2C, ... below 256, for every c
+        group = labels[:, None] + num_classes * rng.integers(0, per_group, (count, seq_len))
+        x[planted] = group[planted].astype(np.uint8)
+        return x[:, :, None, None], labels.astype(np.int64)
+
+    (x_train, y_train), (x_test, y_test) = make(num_train), make(num_test)
+    return TokenDataset("tokens", x_train, y_train, x_test, y_test, num_classes)
+
+
 def _download(url: str, target: Path) -> Path | None:
     """Fetch one file; None when the machine has no internet (the caller says what to stage)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -215,13 +253,21 @@ def _download(url: str, target: Path) -> Path | None:
     return target
 
 
+def for_config(config) -> Dataset:
+    """The data set a `scaledl.Config` names (--dataset, --data-dir, --train-limit, --seq-len)."""
+    return load_dataset(config.dataset, config.data_dir, config.train_limit, seq_len=config.seq_len)
+
+
 def load_dataset(name: str = "mnist-embedded", data_dir: str | os.PathLike | None = None,
-                 train_limit: int | None = None) -> Dataset:
-    """Load a data set by its --dataset name; `train_limit` keeps the first N training samples."""
+                 train_limit: int | None = None, seq_len: int | None = None) -> Dataset:
+    """Load a data set by its --dataset name; `train_limit` keeps the first N training samples;
+    `seq_len` is the length of the `tokens` sequences (default 128)."""
     if name == "mnist-embedded":
         data = load_embedded_mnist()
     elif name == "synthetic":
         data = synthetic()
+    elif name == "tokens":
+        data = tokens(seq_len or TRANSFORMER_DEFAULTS["seq_len"])
     elif name in ("mnist", "cifar10"):
         folder = data_dir or os.environ.get("SCALEDL_DATA")
         if not folder:
@@ -232,7 +278,7 @@ def load_dataset(name: str = "mnist-embedded", data_dir: str | os.PathLike | Non
             raise DataError(f"--data-dir {folder} is a file, not a directory")
         data = load_mnist(folder) if name == "mnist" else load_cifar10(folder)
     else:
-        raise DataError(f"unknown dataset {name!r}: use mnist-embedded, mnist, cifar10 or synthetic")
+        raise DataError(f"unknown dataset {name!r}: use mnist-embedded, mnist, cifar10, synthetic or tokens")
     if train_limit is not None:
         data.x_train, data.y_train = data.x_train[:train_limit], data.y_train[:train_limit]
     return data

@@ -41,6 +41,7 @@ from scaledl.metrics import History, local_gather, torch_gather
 CHECKPOINT_FLAGS = ("resume", "checkpoint_every", "keep_checkpoints")
 GUARD_FLAGS = ("on_nonfinite",)
 COLLECTIVE_FLAGS = ("backend", "timeout")  # a single process has no collectives to pick or bound
+MODEL_FLAGS = ("model", *config_lib.TRANSFORMER_FLAGS)  # a rung without them trains the CNN only
 
 
 def parser(rung: str, without: tuple[str, ...] = ()):

@@ -35,11 +35,11 @@ def main(argv=None) -> int:
                                          world_size=job.world_size, **distributed.rendezvous(job, config.timeout))
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
-    data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
+    data = datasets.for_config(config)
     train_set = sharding.torch_train_set(data)
     sampler = DistributedSampler(train_set, job.world_size, job.rank, seed=config.seed)  # New Code #: 1/world_size each
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    model = wrap(models.for_dataset(data).to(device), device)
+    model = wrap(models.for_config(config, data).to(device), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model.module, optimizer, loader)  # New Code #: save the plain model
     if job.rank == 0:  # New Code #: one line for the job, not one per rank

@@ -79,11 +79,11 @@ def main(argv=None) -> int:
                                          world_size=job.world_size, **distributed.rendezvous(job, config.timeout))
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
-    data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
+    data = datasets.for_config(config)
     train_set = sharding.torch_train_set(data)
     sampler = DistributedSampler(train_set, job.world_size, job.rank, seed=config.seed)  # New Code #: 1/world_size each
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    model = models.for_dataset(data)  # New Code #: the engine moves it
+    model = models.for_config(config, data)  # New Code #: the engine moves it
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     scheduler = harness.lr_scheduler(optimizer, config, job.world_size, len(loader))  # New Code #: the engine steps it
     # New Code #: DeepSpeed's config from the flags, then the engine that trains

@@ -21,7 +21,8 @@ from scaledl import datasets, distributed, harness, models, report, sharding  # 
 from scaledl.errors import exits_cleanly
 
 RUNG = "horovod_tf"
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "backend", "device")  # New Code #: Horovod picks
+NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "backend", "device",  # New Code #: Horovod picks
+                *harness.MODEL_FLAGS)  # the CNN only
 
 
 def set_precision(precision: str) -> None:

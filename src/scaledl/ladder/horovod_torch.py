@@ -54,11 +54,11 @@ def main(argv=None) -> int:
         torch.accelerator.set_device_index(device.index)
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
-    data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
+    data = datasets.for_config(config)
     train_set = sharding.torch_train_set(data)
     sampler = DistributedSampler(train_set, hvd.size(), hvd.rank(), seed=config.seed)  # New Code #: 1/size each
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    model = wrap(models.for_dataset(data).to(device), device)
+    model = wrap(models.for_config(config, data).to(device), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     optimizer = distributed_optimizer(optimizer, model, args.fp16_allreduce, args.adasum)  # New Code #
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, comm=harness.horovod_comm(hvd))  # New Code #

@@ -23,7 +23,8 @@ from scaledl.errors import exits_cleanly
 
 RUNG = "pipeline"
 SPLIT_AT = 6  # the CNN's index of Flatten: convolutions on rank 0, classifier on rank 1
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision")
+# Its stages split the CNN (SPLIT_AT): the transformer's flags are refused like the others.
+NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision", *harness.MODEL_FLAGS)
 
 
 def check_stages(num_stages: int) -> None:

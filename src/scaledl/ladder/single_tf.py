@@ -14,7 +14,8 @@ from scaledl import datasets, harness, models, sharding
 from scaledl.errors import exits_cleanly
 
 RUNG = "single_tf"
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, *harness.COLLECTIVE_FLAGS, "device")
+NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, *harness.COLLECTIVE_FLAGS, "device",
+                *harness.MODEL_FLAGS)  # the CNN only
 
 
 def set_precision(precision: str) -> None:

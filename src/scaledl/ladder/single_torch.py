@@ -28,12 +28,12 @@ def main(argv=None) -> int:
     device = devices.pick_device(config.device)  # a GPU (CUDA or XPU) when there is one, else the CPU
     torch.manual_seed(config.seed)  # the same initial weights in every run
 
-    data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
+    data = datasets.for_config(config)
     train_set = sharding.torch_train_set(data)
     order = torch.Generator()
     sampler = RandomSampler(train_set, generator=order)  # a new shuffle every epoch
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    model = wrap(models.for_dataset(data).to(device), device)
+    model = wrap(models.for_config(config, data).to(device), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader)
     print(f"{RUNG}: {len(loader)} steps per epoch on {device}")
