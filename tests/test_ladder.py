@@ -97,6 +97,18 @@ def test_pipeline_reaches_95_percent_with_the_model_split(tmp_path):
     assert 0 < summary["stage_param_bytes"] < whole  # rank 0 holds only its stage
 
 
+TRANSFORMER = ["--width", "64", "--depth", "2", "--heads", "4", "--seq-len", "32"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rung, nproc, options", [("tensor_parallel", 2, []), ("fsdp_tp", 4, ["--tp", "2"])])
+def test_tensor_parallel_rungs_learn_the_token_task_with_ranks_in_sync(tmp_path, rung, nproc, options):
+    summary = train("torchrun", rung, tmp_path, *TRANSFORMER, "--epochs", "2", "--train-limit", "4096", *options,
+                    nproc=nproc)
+    assert summary["world_size"] == nproc and summary["test_accuracy"] >= 0.9  # chance: 0.1
+    assert summary["params_in_sync"] is True  # the whole tensors every rank gathers are the same
+
+
 @pytest.mark.slow
 def test_params_in_sync_detects_a_difference():
     found = reports(run([tool("torchrun"), "--standalone", "--nproc_per_node=2", str(PROBES / "sync_probe.py")]).stdout)
@@ -155,7 +167,8 @@ def unmarked(diff: list[str]) -> list[str]:
 # (docstring included).  single_torch -> ddp is the ddp-tutorial-series' 40 lines.
 @pytest.mark.parametrize("base, rung, limit", [("single_torch", "ddp", 40), ("single_torch", "horovod_torch", 66),
                                                ("single_tf", "horovod_tf", 100), ("ddp", "deepspeed", 100),
-                                               ("ddp", "fsdp", 30)])
+                                               ("ddp", "fsdp", 30), ("single_torch", "tensor_parallel", 55),
+                                               ("fsdp", "fsdp_tp", 50)])
 def test_each_rung_is_a_small_marked_diff_of_the_one_before(base, rung, limit):
     diff = changed_lines(base, rung)
     assert len(diff) <= limit, "\n".join(diff)
@@ -177,6 +190,19 @@ def test_the_single_device_rung_has_no_distributed_code():
     text = (LADDER / "single_torch.py").read_text()
     for word in ("torch.distributed", "DistributedSampler", "init_process_group", "distributed.", "rank"):
         assert word not in text, word
+
+
+@pytest.mark.parametrize("base, rung, calls", [
+    ("single_torch", "tensor_parallel", ("init_process_group(", "init_device_mesh(", "ColwiseParallel()",
+                                         "RowwiseParallel()", "parallelize_module(model, mesh", "FullState(",
+                                         "destroy_process_group()")),
+    ("fsdp", "fsdp_tp", ('mesh_dim_names=("dp", "tp")', 'tensor_parallel.wrap(model, device, mesh["tp"])',
+                         'fully_shard(layer, mesh=mesh["dp"]', "DistributedSampler(train_set, dp_size, dp_rank",
+                         "replicas=dp_size"))])
+def test_the_tensor_parallel_rungs_show_what_they_need(base, rung, calls):
+    added = "\n".join(line for line in changed_lines(base, rung) if line.startswith("+"))
+    for call in calls:
+        assert call in added, call
 
 
 def test_the_ddp_rung_shows_what_ddp_needs():

@@ -107,10 +107,13 @@ class Run:
     """Steps, epochs, metrics, OUT_DIR and the summary: the part that is the same in every framework."""
 
     def __init__(self, rung: str, config: Config, *, steps_per_epoch: int, num_samples: int, device: str,
-                 comm: Comm | None = None, can_resume: bool = False):
+                 comm: Comm | None = None, can_resume: bool = False, replicas: int | None = None):
         self.rung, self.config = rung, config
         self.comm = comm or Comm()
         self.rank, self.world_size, self.is_main = self.comm.rank, self.comm.world_size, self.comm.is_main
+        # Model replicas that train on different data: the global batch is batch_size * replicas.  All ranks
+        # but under tensor parallelism, whose world_size / replicas ranks share each batch (and count it once).
+        self.replicas = replicas or self.world_size
         if steps_per_epoch < 1:
             raise DataError(
                 f"{num_samples} training samples give each of {self.world_size} ranks "
@@ -160,7 +163,7 @@ class Run:
 
     def lr(self, step: int | None = None) -> float:
         """The learning rate for the next step (or `step`): linear scaling with warm-up (`scaledl.schedule`)."""
-        return schedule.for_config(self.config, self.world_size, self.steps_per_epoch)(
+        return schedule.for_config(self.config, self.replicas, self.steps_per_epoch)(
             self.step if step is None else step)
 
     def record(self, loss_sum, correct, count: int) -> None:
@@ -186,7 +189,7 @@ class Run:
                                "again starts over")
 
     def current_lr(self) -> float:
-        return schedule.for_config(self.config, self.world_size, self.steps_per_epoch)(max(self.step - 1, 0))
+        return schedule.for_config(self.config, self.replicas, self.steps_per_epoch)(max(self.step - 1, 0))
 
     def end_training(self) -> None:
         """Called once the last epoch (or --max-steps) is done."""
@@ -205,21 +208,22 @@ class TorchRun(Run):
 
     `model` and `optimizer` are what a checkpoint holds (pass DDP's `.module`, the plain model);
     `state` replaces how they are saved and loaded (FSDP2's full state dicts, DeepSpeed's
-    engine); `scheduler` is one the framework steps itself (DeepSpeed's engine does).
+    engine); `scheduler` is one the framework steps itself (DeepSpeed's engine does);
+    `replicas` is the data-parallel size when it is not the world size (tensor parallelism).
     """
 
     def __init__(self, rung: str, config: Config, device, model, optimizer, loader, *, comm: Comm | None = None,
-                 state: run_state.State | None = None, scheduler=None):
+                 state: run_state.State | None = None, scheduler=None, replicas: int | None = None):
         comm = comm or torch_comm()
         super().__init__(rung, config, steps_per_epoch=len(loader), num_samples=len(loader.dataset),
-                         device=device, comm=comm, can_resume=True)
+                         device=device, comm=comm, can_resume=True, replicas=replicas)
         import torch
 
         from scaledl import numerics, precision
 
         self.model, self.optimizer = model, optimizer
         self.engine_steps_scheduler = scheduler is not None
-        self.scheduler = scheduler or lr_scheduler(optimizer, config, self.world_size, len(loader))
+        self.scheduler = scheduler or lr_scheduler(optimizer, config, self.replicas, len(loader))
         self.scaler = precision.grad_scaler(device, config.precision)
         self._autocast = lambda: precision.autocast(device, config.precision)
         self.state = state or run_state.TorchState(model, optimizer)
@@ -261,7 +265,8 @@ class TorchRun(Run):
             zero = self._torch.zeros((), device=self.device)
             self.record(zero, zero, 0)
         else:
-            self.record(loss.detach().float() * len(y), (logits.argmax(1) == y).sum(), len(y))
+            share = self.world_size // self.replicas  # ranks that trained on this same batch: each counts its share
+            self.record(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / share, len(y) / share)
         if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
             self.save()
 

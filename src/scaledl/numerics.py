@@ -42,8 +42,16 @@ class NonFiniteGuard:
         import torch
 
         grads = [p.grad for p in parameters if p.grad is not None]
-        # One norm over all gradients: a single host sync per step, and a NaN anywhere shows.
-        if not grads or math.isfinite(torch.nn.utils.get_total_norm(grads).item()):
+        if not grads:
+            return True
+        # One norm over all gradients: a single host sync per step, and a NaN anywhere shows.  A sharded
+        # gradient (a DTensor: FSDP2, tensor parallelism) counts its local shard, and one all-reduce of
+        # the norms (a sum keeps NaN and inf) gives every rank the same verdict.
+        sharded = any(hasattr(g, "to_local") for g in grads)
+        norm = torch.nn.utils.get_total_norm([g.to_local() if hasattr(g, "to_local") else g for g in grads])
+        if sharded:
+            torch.distributed.all_reduce(norm)
+        if math.isfinite(norm.item()):
             return True
         return self._non_finite(loss, step, "gradients")
 

@@ -12,6 +12,7 @@ its own partitioned checkpoints).  A `Store` puts states on disk under OUT_DIR:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -86,8 +87,9 @@ class FullState(TorchState):
     def state_dict(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        return {"model": get_model_state_dict(self.model, options=self._options()),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options())}
+        with _quiet_gather():
+            return {"model": get_model_state_dict(self.model, options=self._options()),
+                    "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options())}
 
     def load_state_dict(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -98,7 +100,25 @@ class FullState(TorchState):
     def full_model_state(self):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(self.model, options=self._options())
+        with _quiet_gather():
+            return get_model_state_dict(self.model, options=self._options())
+
+
+@contextlib.contextmanager
+def _quiet_gather():
+    """Gathering whole tensors from a 2-D mesh (FSDP2 x tensor parallelism) takes two all-gathers per
+    tensor, and torch 2.13 logs a warning per rank that one would be faster
+    (`_warn_flatten_optimization_not_possible`, torch/distributed/tensor/_redistribute.py): advice for a
+    training loop, not for a checkpoint's once-per-save gather, so it is held back here."""
+    import logging
+
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class StageState(TorchState):

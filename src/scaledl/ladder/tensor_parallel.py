@@ -1,0 +1,86 @@
+"""Rung 10: tensor parallelism: every rank holds a slice of each layer (`parallelize_module`).
+
+    torchrun --nproc_per_node=2 -m scaledl.ladder.tensor_parallel --epochs 3 --width 64 --depth 2 --heads 4 --seq-len 32
+
+`diff single_torch.py tensor_parallel.py` is what tensor parallelism needs (marked `# New Code #`):
+every rank trains on the same batches, and each holds 1/world_size of every block's linear layers
+(the transformer's, `--model transformer`, the default here).  Megatron-LM's split (Shoeybi et al.
+2019, arXiv:1909.08053, section 3): q, k, v and the MLP's first layer are cut by output features
+(ColwiseParallel: each rank computes its own heads and its slice of the hidden layer, no
+communication), the attention's output and the MLP's second layer by input features
+(RowwiseParallel: each rank's partial sums are all-reduced), so a block costs two all-reduces
+forward and two backward (torch/distributed/tensor/parallel/style.py, torch 2.13).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh  # New Code #
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # New Code #
+from torch.utils.data import DataLoader, RandomSampler
+
+from scaledl import datasets, devices, distributed, harness, meshes, models, run_state, sharding  # New Code #
+from scaledl.errors import exits_cleanly
+
+RUNG = "tensor_parallel"
+
+
+def wrap(model, device, mesh, **options):  # New Code #: a 1-D mesh of the ranks that split each layer
+    """The model as this rung trains it (the benchmarks time this same wiring)."""
+    # New Code #: in every block, q, k, v and the MLP's first layer split by columns, the attention's output
+    # and the MLP's second layer by rows, then all-reduced; the rest (embeddings, norms, head) stays whole
+    plan = {f"block*.{name}": ColwiseParallel() for name in models.COLUMNWISE}
+    plan |= {f"block*.{name}": RowwiseParallel() for name in models.ROWWISE}
+    return parallelize_module(model, mesh, plan, **options)
+
+
+@exits_cleanly
+def main(argv=None) -> int:
+    flags = harness.parser(RUNG)  # New Code #: with --backend and --timeout
+    flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting
+    config, _ = harness.parse(flags, argv)  # New Code #
+    job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
+    meshes.check_split(config, job.world_size, job.world_size)  # New Code #: before joining the group
+    device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
+    if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective
+        torch.accelerator.set_device_index(device.index)
+    torch.distributed.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank,  # New Code #
+                                         world_size=job.world_size, **distributed.rendezvous(job, config.timeout))
+    mesh = init_device_mesh(device.type, (job.world_size,), mesh_dim_names=("tp",))  # New Code #: one group, all ranks
+    torch.manual_seed(config.seed)  # the same initial weights in every run
+
+    data = datasets.for_config(config)
+    train_set = sharding.torch_train_set(data)
+    order = torch.Generator()
+    sampler = RandomSampler(train_set, generator=order)  # a new shuffle every epoch
+    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
+    model = wrap(models.for_config(config, data).to(device), device, mesh)  # New Code #: rank 0's weights, split
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, replicas=1,  # New Code #: one model
+                           state=run_state.FullState(model, optimizer))  # New Code #: whole tensors in a checkpoint
+    if job.rank == 0:  # New Code #: one line for the job, not one per rank
+        print(f"{RUNG}: {len(loader)} steps per epoch, each layer split across {job.world_size} ranks, "  # New Code #
+              f"{device.type}")
+
+    for epoch in run.epochs():  # on --resume, from the checkpoint's epoch
+        order.manual_seed(config.seed + epoch)  # a new order every epoch, and the same one after a resume
+        for x, y in run.batches(loader):  # on --resume, skips the batches already trained
+            x, y = x.to(device), y.to(device)
+            with run.autocast():  # bf16 or fp16 with --precision
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y)
+            optimizer.zero_grad()
+            run.scaler.scale(loss).backward()  # fp16 scales the loss up so that small gradients survive
+            if run.guard.allows_step(model.parameters(), loss):  # NaN or inf gradients: stop, or skip the step
+                run.scaler.step(optimizer)  # optimizer.step(), with the gradients scaled back
+            run.scaler.update()
+            run.end_step(loss, logits, y)  # lr schedule, metrics, --checkpoint-every
+
+    test_loss, test_accuracy = sharding.evaluate_torch(model, data, 0, 1, device)
+    run.finish(test_accuracy)
+    torch.distributed.destroy_process_group()  # New Code #
+    return 0
+
+
+if __name__ == "__main__":
+    harness.exit_process(main())

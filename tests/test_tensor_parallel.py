@@ -1,0 +1,98 @@
+"""Tensor parallelism and 2D parallelism: the rungs compute what one process computes, and each rank
+holds the share of the parameters the arithmetic says.
+
+Tensor parallelism splits the model, not the batch: 2 tp ranks with batch 128 must end where one
+process with batch 128 ends; the 2D rung on a 2 x 2 mesh (dp x tp) with batch 64 per row, where one
+process with batch 128 ends (the rows' two batches together are its batch, as for DDP).  The control
+leaves out the all-reduce after the row-wise layers and lands hundreds of tolerances away.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PROBES, run, tool
+from scaledl import meshes, models
+from test_equivalence import STEPS, TOLERANCE, max_difference, torch_params, train
+
+WIDTH, DEPTH, HEADS, SEQ_LEN = 64, 2, 4, 32
+SMALL = ["--width", str(WIDTH), "--depth", str(DEPTH), "--heads", str(HEADS), "--seq-len", str(SEQ_LEN)]
+
+
+def state_bytes(out_dir) -> int:
+    return json.loads((out_dir / "summary.json").read_text())["state_bytes_per_rank"]
+
+
+def held_per_rank(tp: int, dp: int = 1) -> float:
+    """Parameters, gradients and SGD's momentum: three copies of the rank's parameter bytes."""
+    return 3 * meshes.param_bytes_per_rank(WIDTH, DEPTH, SEQ_LEN, tp, dp)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = train("python", "single_torch", tmp_path_factory.mktemp("single"), 128, "--model", "transformer", *SMALL,
+                nproc=1)
+    assert state_bytes(out) == held_per_rank(1) == 3 * 4 * models.transformer_num_params(WIDTH, DEPTH, SEQ_LEN)
+    return torch_params(out)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_equals_one_process_and_holds_half_the_split_layers(tmp_path, reference):
+    found = torch_params(train("torchrun", "tensor_parallel", tmp_path, 128, *SMALL))
+    print(f"tensor_parallel: max difference {max_difference(reference, found):.2e}")
+    assert max_difference(reference, found) <= TOLERANCE
+    assert state_bytes(tmp_path) == held_per_rank(tp=2)
+
+
+@pytest.mark.slow
+def test_fsdp_tp_on_a_2x2_mesh_equals_one_process(tmp_path, reference):
+    found = torch_params(train("torchrun", "fsdp_tp", tmp_path, 64, "--tp", "2", *SMALL, nproc=4))
+    print(f"fsdp_tp: max difference {max_difference(reference, found):.2e}")
+    assert max_difference(reference, found) <= TOLERANCE
+    assert state_bytes(tmp_path) == held_per_rank(tp=2, dp=2)
+
+
+@pytest.mark.slow
+def test_control_without_the_row_wise_all_reduce_is_far_off(tmp_path, reference):
+    command = [tool("torchrun"), "--standalone", "--nproc_per_node=2", str(PROBES / "tp_without_allreduce.py"),
+               "--out-dir", str(tmp_path), "--batch-size", "128", *STEPS, *SMALL]
+    output = run(command, timeout=600, env={"OMP_NUM_THREADS": "1"}).stdout
+    print(f"control: max difference {max_difference(reference, torch_params(tmp_path)):.2e}")
+    assert max_difference(reference, torch_params(tmp_path)) > 100 * TOLERANCE
+    assert "params_in_sync=False" in output  # the ranks' whole layers (norms, embeddings) drift apart
+
+
+def test_tensor_parallel_runs_with_its_summary_checkpoint_and_resume(tmp_path):
+    """The short run: two ranks, the summary line, a checkpoint of whole tensors, and --resume from it."""
+    options = ["--epochs", "2", "--train-limit", "256", "--log-interval", "2", *SMALL]
+    first = train("torchrun", "tensor_parallel", tmp_path, 64, *options, "--max-steps", "4")
+    assert torch_params(first)["block0.mlp.up.weight"].shape == (4 * WIDTH, WIDTH)  # gathered, not a shard
+    command = [tool("torchrun"), "--standalone", "--nproc_per_node=2", "-m", "scaledl.ladder.tensor_parallel",
+               "--out-dir", str(tmp_path), "--batch-size", "64", *options, "--resume"]
+    output = run(command, timeout=300, env={"OMP_NUM_THREADS": "1"}).stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "summary rung=tensor_parallel world_size=2" in output and summary["params_in_sync"] is True
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["type"] == "log"]
+    assert steps == [2, 4, 6, 8]  # 4 steps, then the 4 left after the resume
+    assert summary["state_bytes_per_rank"] == held_per_rank(tp=2)
+
+
+@pytest.mark.parametrize("rung, argv, message", [
+    ("tensor_parallel", ["--model", "cnn"], "tensor parallelism splits the transformer's layers"),
+    ("fsdp_tp", ["--tp", "3"], "--tp must divide the 1 ranks into equal groups, got 3"),
+])
+def test_a_split_that_cannot_work_is_one_line_before_anything_starts(tmp_path, rung, argv, message):
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", *argv, "--out-dir", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not out.exists(), result.stderr
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+
+
+def test_the_arithmetic_splits_only_the_block_layers():
+    whole = 4 * models.transformer_num_params(WIDTH, DEPTH, SEQ_LEN)
+    split = 4 * models.transformer_sharded_params(WIDTH, DEPTH)
+    assert meshes.param_bytes_per_rank(WIDTH, DEPTH, SEQ_LEN, tp=4) == whole - split + split / 4
+    assert meshes.param_bytes_per_rank(WIDTH, DEPTH, SEQ_LEN, tp=2, dp=2) == (whole - split / 2) / 2
