@@ -20,13 +20,14 @@ def test_demo_runs_every_rung(tmp_path):
     assert all(row["ok"] for row in rows)
     for row in rows:
         assert row["samples_per_s"] > 0 and 0.5 < row["test_accuracy"] <= 1
-        assert row["world_size"] == (1 if RUNGS[row["rung"]][1] == "python" else 2)
+        assert row["world_size"] == (1 if RUNGS[row["rung"]][1] == "python" else 4 if row["rung"] == "fsdp_tp" else 2)
         assert row["rung"] in result.stdout
     state = {row["rung"]: row["state_bytes_per_rank"] for row in rows}
     # In fp32 on 2 ranks ZeRO-1 saves nothing: DeepSpeed's fp32 master copy of the partition
     # costs what partitioning the momentum saves. Stages 2 and 3 each save more.
     assert state["zero1"] == state["deepspeed"] and state["zero2"] < state["zero1"] and state["zero3"] < state["zero2"]
     assert state["fsdp"] < state["ddp"]
+    assert state["fsdp_tp"] < state["tensor_parallel"]  # the 2 x 2 mesh shards the split layers once more
     assert (tmp_path / "demo.png").stat().st_size > 5000
 
 

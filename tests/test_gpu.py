@@ -83,6 +83,31 @@ def test_rung_trains_on_every_gpu(name, rung, tmp_path):
     assert summary.get("params_in_sync", True) is True
 
 
+@pytest.mark.parametrize("rung", ["tensor_parallel", "fsdp_tp"])
+def test_tensor_parallel_rungs_hold_their_share_of_the_default_transformer(rung, tmp_path):
+    """The transformer at its default size (about 101M parameters: 1.2 GB of parameters, gradients and
+    momentum) split over this node's GPUs with NCCL; each rank holds what scaledl.meshes computes."""
+    import math
+
+    from conftest import run
+    from scaledl import meshes
+    from scaledl.models import TRANSFORMER_DEFAULTS
+
+    if rung == "fsdp_tp" and GPUS < 2:
+        pytest.skip("a 2D mesh needs 2 GPUs")
+    tp = meshes.tp_in_node(TRANSFORMER_DEFAULTS["heads"], GPUS if rung == "tensor_parallel" else GPUS // 2)
+    nproc = tp if rung == "tensor_parallel" else GPUS - GPUS % tp
+    options = ["--tp", str(tp)] if rung == "fsdp_tp" else []
+    command = launchers.torchrun(nproc, f"scaledl.ladder.{rung}", [*options, "--epochs", "1", "--train-limit", "1024",
+                                                                  "--out-dir", str(tmp_path)])
+    run(command, timeout=900, nproc=nproc)
+    summary = json.loads(Path(tmp_path, "summary.json").read_text())
+    sizes = {k: v for k, v in TRANSFORMER_DEFAULTS.items() if k != "heads"}
+    expected = 3 * meshes.param_bytes_per_rank(**sizes, tp=tp, dp=nproc // tp)
+    assert summary["world_size"] == nproc and summary["params_in_sync"] is True
+    assert math.isclose(summary["state_bytes_per_rank"], expected, rel_tol=0.01)  # FSDP2 pads uneven shards
+
+
 def test_binding_check_reads_this_nodes_gpus():
     """Each GPU's PCI address and NUMA node from the real sysfs; a process pinned to the GPU's NUMA
     node is `local`, one pinned to another NUMA node `far` (where the node has more than one)."""

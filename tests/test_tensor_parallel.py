@@ -7,13 +7,14 @@ process with batch 128 ends (the rows' two batches together are its batch, as fo
 leaves out the all-reduce after the row-wise layers and lands hundreds of tolerances away.
 """
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from conftest import PROBES, run, tool
-from scaledl import meshes, models
+from scaledl import jobs, launchers, meshes, models
 from test_equivalence import STEPS, TOLERANCE, max_difference, torch_params, train
 
 WIDTH, DEPTH, HEADS, SEQ_LEN = 64, 2, 4, 32
@@ -96,3 +97,53 @@ def test_the_arithmetic_splits_only_the_block_layers():
     split = 4 * models.transformer_sharded_params(WIDTH, DEPTH)
     assert meshes.param_bytes_per_rank(WIDTH, DEPTH, SEQ_LEN, tp=4) == whole - split + split / 4
     assert meshes.param_bytes_per_rank(WIDTH, DEPTH, SEQ_LEN, tp=2, dp=2) == (whole - split / 2) / 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rung, nproc, options", [("tensor_parallel", 2, []), ("fsdp_tp", 4, ["--tp", "2"])])
+def test_a_nan_on_one_rank_stops_every_rank_of_the_mesh(tmp_path, rung, nproc, options):
+    """The guard reads each rank's shard of the gradients and all-reduces the norm: every rank stops at
+    the same step, naming it and the last good checkpoint (tests/probes/fault_probe.py injects the NaN)."""
+    env = launchers.local_env(nproc, {**os.environ, "FAULT": "nan", "FAULT_RANK": "1", "FAULT_STEP": "3"})
+    env["PYTHONPATH"] = os.pathsep.join([str(PROBES), env.get("PYTHONPATH", "")])
+    command = launchers.torchrun(nproc, "fault_probe", [f"scaledl.ladder.{rung}", *SMALL, *options, "--epochs", "1",
+                                                        "--train-limit", "512", "--checkpoint-every", "2",
+                                                        "--timeout", "30", "--out-dir", str(tmp_path)])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode != 0
+    for rank in range(nproc):
+        assert (f"non-finite gradients at step 3 on rank {rank}" in result.stderr
+                and f"last good checkpoint {tmp_path / 'checkpoint.pt'}" in result.stderr), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("system, ranks_per_node, tp", [("polaris", 4, 4), ("aurora", 12, 4), ("slurm", 2, 2)])
+def test_job_scripts_keep_tensor_parallelism_inside_a_node(system, ranks_per_node, tp):
+    """Polaris: the 4 GPUs of a node (NVLink) split each layer, the nodes are FSDP2's data parallelism;
+    Aurora: groups of 4 of a node's 12 tiles (16 heads split 4 ways, not 12)."""
+    found = {job.name: job for job in jobs.jobs_for(system, ranks_per_node)}
+    assert (found["tensor_parallel"].nodes, found["tensor_parallel"].ppn) == (1, tp)
+    two_d = found["fsdp_tp"]
+    assert two_d.nodes == 2 and two_d.ppn == ranks_per_node and two_d.target[-2:] == ["--tp", str(tp)]
+    assert ranks_per_node % tp == 0  # every tp group within one node (ranks are placed node by node)
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_the_rungs_own_split(tmp_path):
+    """scaledl.bench builds the tensor-parallel step from the rung's wrap (the same plan), on 2 real ranks."""
+    out = tmp_path / "steps.json"
+    run(launchers.torchrun(2, "scaledl.bench.worker", ["steps", "--variant", "tensor_parallel", "--model",
+                                                       "transformer:64,2,4,32", "--steps", "2", "--warmup", "1",
+                                                       "--out", str(out)]), timeout=300)
+    found = json.loads(out.read_text())
+    assert found["world_size"] == 2 and len(found["laps"]) == 2
+    assert found["num_params"] == models.transformer_num_params(WIDTH, DEPTH, SEQ_LEN)
+
+
+def test_benchmark_model_names_are_checked():
+    from scaledl.bench import variants
+
+    assert variants.transformer_sizes("transformer:64,2,4,32") == {"width": 64, "depth": 2, "heads": 4, "seq_len": 32}
+    with pytest.raises(ValueError, match="transformer:WIDTH,DEPTH,HEADS,SEQ_LEN"):
+        variants.transformer_sizes("transformer:64,2")
+    with pytest.raises(ValueError, match="splits the transformer's layers"):
+        variants.build("tensor_parallel", model_name="cnn")

@@ -1,8 +1,10 @@
-"""`scaledl demo`: every rung of the ladder on the embedded MNIST, one table.
+"""`scaledl demo`: every rung of the ladder, one table.
 
 Each rung runs as its own job with its real launcher (2 processes on a CPU machine, one per
 device on a GPU node), writes OUT_DIR/<rung>/summary.json, and the table of those summaries
-goes to OUT_DIR/demo.json and OUT_DIR/demo.png.
+goes to OUT_DIR/demo.json and OUT_DIR/demo.png.  The rungs train the CNN on the embedded MNIST,
+but for the tensor-parallel ones, which split a small transformer (DEMO_FLAGS) on the token task;
+the 2D rung runs on a 2 x 2 mesh, 4 ranks, where the machine has no GPUs.
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ from scaledl.errors import CHECK_FLAGS_VAR, UserError
 from scaledl.ladder import RUNGS
 
 COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "peak_memory_mb", "ok")
+# A transformer small enough for seconds on a laptop's CPU (the rungs' defaults make sense on GPUs).
+SMALL_TRANSFORMER = ["--width", "64", "--depth", "2", "--heads", "4", "--seq-len", "32"]
+DEMO_FLAGS = {"tensor_parallel": SMALL_TRANSFORMER, "fsdp_tp": [*SMALL_TRANSFORMER, "--tp", "2"]}
+CPU_RANKS = {"fsdp_tp": 4}  # 2 x 2 (dp x tp): both dimensions of the mesh
 
 
 class OutDirError(UserError):
@@ -55,7 +61,8 @@ def check_rung_flags(rungs, extra_args) -> None:
         if module in checked:
             continue  # one parser per module (ZeRO's stages are one module): check it once
         checked.add(module)
-        command = launchers.python_module(f"scaledl.ladder.{module}", [*rung_args, *extra_args])
+        command = launchers.python_module(f"scaledl.ladder.{module}",
+                                          [*rung_args, *DEMO_FLAGS.get(rung, []), *extra_args])
         result = subprocess.run(command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
         if result.returncode != 0:
             said = [line for line in result.stderr.splitlines() if ": error: " in line]
@@ -70,12 +77,19 @@ def claim(out: Path) -> None:
         raise OutDirError(f"cannot create --out-dir {out}: {error.strerror or error}") from None
 
 
-def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=()) -> dict:
+def world_size_of(rung: str, nproc: int, gpus: int) -> int:
+    """1 for a single-device rung; else nproc, or more where a CPU-only machine runs a rung that needs them."""
+    if RUNGS[rung][1] == "python":
+        return 1
+    return nproc if gpus else max(nproc, CPU_RANKS.get(rung, nproc))
+
+
+def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), gpus: int | None = None) -> dict:
     module, launcher, rung_args = RUNGS[rung]
-    world_size = 1 if launcher == "python" else nproc
+    world_size = world_size_of(rung, nproc, devices.device_count() if gpus is None else gpus)
     rung_dir = out_dir / rung
     # The demo's directory is a scratch area that each `make demo` replaces.
-    args = ["--out-dir", str(rung_dir), "--overwrite", *rung_args, *extra_args]
+    args = ["--out-dir", str(rung_dir), "--overwrite", *rung_args, *DEMO_FLAGS.get(rung, []), *extra_args]
     command = launchers.for_launcher(launcher, world_size, f"scaledl.ladder.{module}", args)
     rung_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -114,6 +128,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     done = [r for r in rows if r["ok"]]
     names = [f"{r['rung']} (x{r['world_size']})" for r in done]
+    colors = ["tab:orange" if r["rung"] in DEMO_FLAGS else "tab:blue" for r in done]  # the transformer's rows
     fig = Figure(figsize=(12, 0.45 * len(done) + 1.6), layout="constrained")
     panels = fig.subplots(1, 3, sharey=True)
     state = [r.get("state_bytes_per_rank") for r in done]
@@ -122,7 +137,7 @@ def plot(rows: list[dict], path: Path) -> None:
     labels = ["samples/s (all ranks)", "test accuracy", "model state per rank, MiB\n(params, grads, optimizer)"]
     formats = ["{:.0f}", "{:.3f}", "{:.2f}"]
     for ax, value, label, fmt in zip(panels, values, labels, formats):
-        bars = ax.barh(names, value, color="tab:blue")
+        bars = ax.barh(names, value, color=colors)
         texts = [fmt.format(v) for v in value]
         if ax is panels[2]:  # TensorFlow rungs do not count their state: say so rather than draw 0
             texts = [t if v is not None else "not counted" for t, v in zip(texts, state)]
@@ -134,7 +149,8 @@ def plot(rows: list[dict], path: Path) -> None:
     accuracy = [v for v in values[1] if v]
     if accuracy:
         panels[1].set_xlim(max(0.0, min(accuracy) - 0.05), 1.0)
-    fig.suptitle("scaledl demo: every rung on the embedded MNIST")
+    fig.suptitle("scaledl demo: every rung (blue: the CNN on the embedded MNIST; orange: a small transformer on "
+                 "the token task)", fontsize=10)
     fig.savefig(path, dpi=110)
 
 

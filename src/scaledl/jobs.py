@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from scaledl import meshes
 from scaledl.errors import UserError
 from scaledl.ladder import RUNGS
+from scaledl.models import TRANSFORMER_DEFAULTS
 
 SCHEDULERS = ("polaris", "aurora", "slurm")
 SINGLE_RANK_RUNGS = ("single_torch", "single_tf")
@@ -210,9 +212,12 @@ def jobs_for(system: str, ranks_per_node: int, max_nodes: int | None = None) -> 
     """Every rung's job and the sweep's; `max_nodes` caps their node counts (a small cluster)."""
     cap = max_nodes or SWEEP_NODES
     jobs = []
+    tp = meshes.tp_in_node(TRANSFORMER_DEFAULTS["heads"], ranks_per_node)  # its all-reduces stay inside a node
     for rung, (module, _launcher, flags) in RUNGS.items():
         nodes, ppn = (1, 1) if rung in SINGLE_RANK_RUNGS else (1, PIPELINE_RANKS) if rung == "pipeline" \
-            else (min(RUNG_NODES, cap), ranks_per_node)
+            else (1, tp) if rung == "tensor_parallel" else (min(RUNG_NODES, cap), ranks_per_node)
+        if rung == "fsdp_tp":  # tensor parallelism inside each node, data parallelism (FSDP2) across nodes
+            flags = [*flags, "--tp", str(tp)]
         jobs.append(Job(system, rung, f"The ladder's {rung} rung on {system}.",
                         [f"scaledl.ladder.{module}", *flags], nodes, ppn))
     module, _launcher, flags = RUNGS[SWEEP_RUNG]

@@ -8,6 +8,8 @@ tests compare with the bytes the ranks hold; `mesh_figure` draws the dp x tp gri
 """
 from __future__ import annotations
 
+import math
+
 from scaledl.config import ConfigError
 from scaledl.models import VOCAB_SIZE, transformer_num_params, transformer_sharded_params
 
@@ -22,6 +24,14 @@ def check_split(config, tp: int, world_size: int) -> None:
     if config.heads % tp:
         raise ConfigError(f"--heads {config.heads} must be a multiple of the {tp} tensor-parallel ranks (each "
                           "rank computes whole heads)")
+
+
+def tp_in_node(heads: int, ranks_per_node: int) -> int:
+    """The default tensor-parallel group: ranks of one node (on Polaris its 4 GPUs, linked by NVLink),
+    as many as divide the heads (4 of Aurora's 12 tiles for 16 heads).  Tensor parallelism all-reduces
+    activations twice per block forward and twice backward (Shoeybi et al. 2019, section 3), too often
+    for the network between nodes; data parallelism crosses it once per step."""
+    return math.gcd(heads, ranks_per_node)
 
 
 def param_bytes_per_rank(width: int, depth: int, seq_len: int, tp: int, dp: int = 1, num_classes: int = 10,

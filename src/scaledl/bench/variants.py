@@ -1,4 +1,4 @@
-"""One training step of the ladder's CNN, built the way each rung builds it.
+"""One training step of the ladder's CNN (or transformer), built the way each rung builds it.
 
 Every variant trains the same model on the same fixed batch with the same optimizer, so
 the only difference between two variants' step times is what the framework adds.  The
@@ -17,14 +17,16 @@ from scaledl.ladder import RUNGS
 # Variant name -> (ZeRO stage for DeepSpeed variants, offload).  The plain loop is rung 1.
 DEEPSPEED_VARIANTS = {"deepspeed": (0, False), "zero1": (1, False), "zero2": (2, False), "zero3": (3, False),
                       "zero3_offload": (3, True)}
-VARIANTS = ("plain", "ddp", "horovod", *DEEPSPEED_VARIANTS, "fsdp")
+VARIANTS = ("plain", "ddp", "horovod", *DEEPSPEED_VARIANTS, "fsdp", "tensor_parallel", "fsdp_tp")
+# The variants that split layers: the transformer's only (scaledl.models.COLUMNWISE, ROWWISE).
+TENSOR_PARALLEL_VARIANTS = ("tensor_parallel", "fsdp_tp")
 # How each variant is started with more than one rank (scaledl.launchers.for_launcher): the
 # rung's own launcher, and one that starts in half the time (horovodrun and deepspeed's
 # launcher import TensorFlow or DeepSpeed themselves before they start the ranks).  The
 # launcher does not change what is timed: the same steps, after warm-up, inside the ranks.
 # The rung each variant times; its launcher comes from the ladder's one table (scaledl.ladder.RUNGS).
 RUNG_OF = {"plain": "single_torch", "ddp": "ddp", "horovod": "horovod_torch", "fsdp": "fsdp",
-           **{name: "deepspeed" for name in DEEPSPEED_VARIANTS}}
+           **{name: "deepspeed" for name in DEEPSPEED_VARIANTS}, **{name: name for name in TENSOR_PARALLEL_VARIANTS}}
 LAUNCHER = {name: RUNGS[rung][1] for name, rung in RUNG_OF.items()}
 QUICK_LAUNCHER = {**{name: "torchrun" for name in LAUNCHER}, "plain": "python", "horovod": "mpirun"}
 
@@ -51,10 +53,40 @@ def build(name: str, micro_batch_size: int = 32, threads: int | None = None, buc
 
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
+    if name in TENSOR_PARALLEL_VARIANTS and not model_name.startswith("transformer"):
+        raise ValueError(f"variant {name} splits the transformer's layers: pass model_name='transformer'")
     if threads:
         torch.set_num_threads(threads)
     builder = _deepspeed if name in DEEPSPEED_VARIANTS else globals()[f"_{name}"]
     return builder(name, micro_batch_size, bucket_cap_mb, seed, model_name)
+
+
+def transformer_sizes(model_name: str) -> dict:
+    """`transformer` is the default size (scaledl.models.TRANSFORMER_DEFAULTS); `transformer:W,D,H,L` names
+    width, depth, heads and sequence length (`transformer:64,2,4,32` runs in seconds on a CPU)."""
+    from scaledl.models import TRANSFORMER_DEFAULTS
+
+    if model_name == "transformer":
+        return dict(TRANSFORMER_DEFAULTS)
+    if not model_name.startswith("transformer:"):
+        raise ValueError(f"model {model_name!r}: write transformer or transformer:WIDTH,DEPTH,HEADS,SEQ_LEN")
+    values = model_name.removeprefix("transformer:").split(",")
+    if len(values) != 4 or not all(v.isdigit() and int(v) > 0 for v in values):
+        raise ValueError(f"model {model_name!r}: write transformer:WIDTH,DEPTH,HEADS,SEQ_LEN (transformer:64,2,4,32)")
+    return dict(zip(("width", "depth", "heads", "seq_len"), map(int, values)))
+
+
+def model_name(text: str) -> str:
+    """An argparse type: cnn, resnet50, transformer or transformer:W,D,H,L."""
+    import argparse
+
+    if text in ("cnn", "resnet50"):
+        return text
+    try:
+        transformer_sizes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error}; or cnn, resnet50") from None
+    return text
 
 
 def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_name: str = "cnn"):
@@ -64,13 +96,19 @@ def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_n
     from scaledl import models
 
     torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed + rank)
+    if model_name.startswith("transformer"):  # a batch of random token ids, in the loaders' layout
+        sizes = transformer_sizes(model_name)
+        model = models.transformer(**sizes)
+        x = torch.randint(0, models.VOCAB_SIZE, (micro_batch_size, 1, sizes["seq_len"], 1), generator=generator)
+        y = torch.randint(0, 10, (micro_batch_size,), generator=generator)
+        return model.to(device), x.float().to(device), y.to(device)
     if model_name == "resnet50":  # Horovod's synthetic benchmark's default
         import torchvision
 
         model, shape, classes = torchvision.models.resnet50(), (3, 224, 224), 1000
     else:
         model, shape, classes = models.torch_cnn(), (1, 28, 28), 10
-    generator = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(micro_batch_size, *shape, generator=generator).to(device)
     y = torch.randint(0, classes, (micro_batch_size,), generator=generator).to(device)
     return model.to(device), x, y
@@ -173,3 +211,36 @@ def _deepspeed(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Varia
         engine.step()
 
     return Variant(name, dist.rank, dist.world_size, dist.device, step, num_params, (x, y), engine)
+
+
+def _tensor_parallel(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scaledl import distributed
+    from scaledl.ladder import tensor_parallel
+
+    dist = distributed.setup(seed=seed)
+    # Every rank of a tensor-parallel group trains on the same batch: rank 0's.
+    model, x, y = model_and_batch(dist.device, micro_batch_size, 0, seed, model_name)
+    num_params = _count(model)
+    mesh = init_device_mesh(dist.device.type, (dist.world_size,), mesh_dim_names=("tp",))
+    model = tensor_parallel.wrap(model, dist.device, mesh)
+    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(model, _sgd(model), x, y), num_params,
+                   (x, y))
+
+
+def _fsdp_tp(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scaledl import distributed, meshes
+    from scaledl.ladder import fsdp_tp
+
+    dist = distributed.setup(seed=seed)
+    tp = meshes.tp_in_node(transformer_sizes(model_name)["heads"], dist.local_world_size)
+    mesh = init_device_mesh(dist.device.type, (dist.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    # The ranks of a tp row share a batch; the rows' batches differ (data parallelism).
+    model, x, y = model_and_batch(dist.device, micro_batch_size, mesh["dp"].get_local_rank(), seed, model_name)
+    num_params = _count(model)
+    model = fsdp_tp.wrap(model, dist.device, mesh)
+    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(model, _sgd(model), x, y), num_params,
+                   (x, y))

@@ -153,6 +153,8 @@ def memory(args) -> None:
 
 
 def parse(argv=None) -> argparse.Namespace:
+    from scaledl.bench import variants
+
     parser = argparse.ArgumentParser(prog="python -m scaledl.bench.worker")
     parser.add_argument("mode", choices=["steps", "serve", "comm", "fusion", "memory"])
     parser.add_argument("--variant", default="plain")
@@ -162,7 +164,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--micro-batch-size", type=int, default=32)
-    parser.add_argument("--model", default="cnn", choices=["cnn", "resnet50"])
+    parser.add_argument("--model", default="cnn", type=variants.model_name,
+                        help="cnn, resnet50, transformer or transformer:WIDTH,DEPTH,HEADS,SEQ_LEN")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096])
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket size (steps)")

@@ -1,4 +1,4 @@
-"""The ladder: one runnable module per rung, from one device to ZeRO and model parallelism.
+"""The ladder: one runnable module per rung, from one device to ZeRO, tensor and 2D parallelism.
 
 RUNGS lists the rows of `scaledl demo`: the module each runs, the launcher the demo starts
 it with (any launcher works for a multi-process rung: torchrun, mpiexec, srun, ...), and
@@ -17,4 +17,6 @@ RUNGS = {
     "zero3_offload": ("deepspeed", "deepspeed", ["--zero-stage", "3", "--offload-optimizer", "--offload-params"]),
     "fsdp": ("fsdp", "torchrun", []),
     "pipeline": ("pipeline", "torchrun", []),
+    "tensor_parallel": ("tensor_parallel", "torchrun", []),  # the transformer, split across all ranks
+    "fsdp_tp": ("fsdp_tp", "torchrun", []),  # the transformer on a dp x tp mesh
 }

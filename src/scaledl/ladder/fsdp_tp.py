@@ -40,10 +40,10 @@ def wrap(model, device, mesh, **options):  # New Code #: the dp x tp mesh
 def main(argv=None) -> int:
     flags = harness.parser(RUNG)  # New Code #: with --backend and --timeout
     flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting
-    flags.add_argument("--tp", type=int, help="tensor-parallel ranks per row (default: a node's)")  # New Code #
+    flags.add_argument("--tp", type=int, help="ranks per tp group (default: a node's)")  # New Code #
     config, args = harness.parse(flags, argv)  # New Code #
     job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
-    tp = args.tp or job.local_world_size  # New Code #: inside a node by default, where the links are fastest
+    tp = meshes.tp_in_node(config.heads, job.local_world_size) if args.tp is None else args.tp  # New Code #
     meshes.check_split(config, tp, job.world_size)  # New Code #: before joining the group
     device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective

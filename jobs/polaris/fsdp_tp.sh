@@ -1,0 +1,54 @@
+#!/bin/bash -l
+#PBS -A YOUR_PROJECT
+#PBS -q debug
+#PBS -l select=2:system=polaris
+#PBS -l place=scatter
+#PBS -l walltime=00:30:00
+#PBS -l filesystems=home:eagle
+#PBS -N scaledl-fsdp_tp
+#PBS -j oe
+#
+# The ladder's fsdp_tp rung on polaris.
+# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# job script: change the template or the flags of `scaledl jobs`, not this file.
+#
+# Submit from the directory that holds your runs:  qsub jobs/polaris/fsdp_tp.sh
+# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/polaris/fsdp_tp.sh
+# `scaledl launch` builds the mpiexec command and exports polaris's recommended
+# communication variables unless you set them first; --dry-run prints both.
+set -eo pipefail
+cd "${PBS_O_WORKDIR:-.}"
+
+# Polaris: the conda module has PyTorch built for CUDA, NCCL and the aws-ofi-nccl plugin.
+if command -v module >/dev/null 2>&1; then
+    module use /soft/modulefiles
+    module load conda
+    conda activate base
+fi
+
+# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
+# `make setup SYSTEM=polaris` makes over the module loaded above (nothing of the module reinstalled).
+SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
+if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
+    echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=polaris' in your clone" \
+         "and submit from there, or export SCALEDL_VENV=<that clone>/.venv" >&2
+    exit 2
+fi
+# shellcheck source=/dev/null
+source "$SCALEDL_VENV/bin/activate"
+
+NNODES=$(sort -u "$PBS_NODEFILE" | wc -l)
+PPN=4
+# Extra flags for `scaledl launch` (e.g. --dry-run) and for the rung (e.g. "--epochs 1").
+read -ra launch_flags <<< "${SCALEDL_LAUNCH_FLAGS:-}"
+read -ra run_flags <<< "${SCALEDL_RUN_FLAGS:-}"
+
+node_counts=("$NNODES")
+for nodes in "${node_counts[@]}"; do
+    out="runs/fsdp_tp/${nodes}nodes"
+    # A requeued or resubmitted job goes on from the checkpoint its last run left there.
+    resume=()
+    if [ -e "$out/checkpoint.pt" ] || [ -d "$out/checkpoint" ]; then resume=(--resume); fi
+    scaledl launch --system polaris -n "$((nodes * PPN))" --ppn "$PPN" "${launch_flags[@]}" \
+        -- scaledl.ladder.fsdp_tp --tp 4 --out-dir "$out" "${resume[@]}" "${run_flags[@]}"
+done
