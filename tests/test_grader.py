@@ -593,6 +593,48 @@ def test_pipeline_check(capsys):
               "differ from the whole model's")
 
 
+# ---------------------------------------------------------------- tensor parallelism
+
+def tensor_parallel_answers(world_size=2, all_reduce=True, bias_once=True):
+    """What each rank computes by hand: its slices of the MLP, its partial product, the sum."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    share = 64 // world_size
+    with torch.no_grad():
+        w1s = [mlp[0].weight[r * share:(r + 1) * share] for r in range(world_size)]
+        b1s = [mlp[0].bias[r * share:(r + 1) * share] for r in range(world_size)]
+        w2s = [mlp[2].weight[:, r * share:(r + 1) * share] for r in range(world_size)]
+        partials = [F.linear(F.gelu(F.linear(x, w1, b1)), w2) + (0 if bias_once else mlp[2].bias)
+                    for w1, b1, w2 in zip(w1s, b1s, w2s)]
+        summed = sum(partials) if all_reduce else None
+        ys = [summed + (mlp[2].bias if bias_once else 0) if all_reduce else p + mlp[2].bias for p in partials]
+    return ys, w1s, w2s, mlp, x
+
+
+def test_tensor_parallel_mlp_check(capsys):
+    assert grader.check_tensor_parallel_mlp(*tensor_parallel_answers())
+    assert "PASS: each of the 2 ranks" in verdict(capsys)
+    assert grader.check_tensor_parallel_mlp(*tensor_parallel_answers(world_size=4))
+    verdict(capsys)
+    # The idea of the exercise: without the all-reduce each rank keeps a partial sum.
+    fails(capsys, grader.check_tensor_parallel_mlp(*tensor_parallel_answers(all_reduce=False)),
+          "only its partial sum", "all-reduce")
+    fails(capsys, grader.check_tensor_parallel_mlp(*tensor_parallel_answers(bias_once=False)),
+          "bias is in the sum 2 times")
+    ys, w1s, w2s, mlp, x = tensor_parallel_answers()
+    # The whole MLP on every rank: the right output, but nothing split.
+    fails(capsys, grader.check_tensor_parallel_mlp([mlp(x).detach()] * 2, [mlp[0].weight] * 2, w2s, mlp, x),
+          "rank 0 has `w1` of shape (64, 16)", "rows 0-31")
+    # The second layer split by its output features (rows), as the first: the wrong dimension.
+    fails(capsys, grader.check_tensor_parallel_mlp(ys, w1s, [mlp[2].weight[:8], mlp[2].weight[8:]], mlp, x),
+          "columns 0-31 of the second layer's weight")
+    fails(capsys, grader.check_tensor_parallel_mlp([None, None], [None, None], [None, None], mlp, x), "has no `y`")
+
+
 @pytest.mark.parametrize("check, args", [
     (grader.check_training_memory, (None, 10)), (grader.check_training_days, (None, 1, 1, 1, 1, 1)),
     (grader.check_samples_per_s, (None,)), (grader.check_sharding, (None,)), (grader.check_efficiency, (None, {1: 1})),

@@ -1,4 +1,4 @@
-"""The live checks of lessons 3-5 FAIL on the wrong answers learners write, run for real: each
+"""The live checks of lessons 3-5 and 10 FAIL on the wrong answers learners write, run for real: each
 case takes the solution notebook, puts one realistic mistake in place of the solution line,
 runs it on live ranks up to its checks, and reads the verdict."""
 import nbformat
@@ -29,6 +29,7 @@ CASES = {
                               "for group in optimizer.param_groups:\n    group['lr'] *= world_size",
                               "differ from one process's steps"),
     "torch_unnamed_is_right": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "PASS: "),
+    "tp_without_all_reduce": ("10_model_parallel", "    tdist.all_reduce(partial)", "    pass", "only its partial sum"),
 }
 
 

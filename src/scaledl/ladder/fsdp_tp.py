@@ -7,8 +7,9 @@ form a dp x tp grid (a 2-D `DeviceMesh`, `init_device_mesh(..., mesh_dim_names=(
 The tp ranks of a row split every block's layers as tensor_parallel.py does and train on the
 same batches; the dp rows train on different shards of the data, and FSDP2 shards what each rank
 holds once more across its column, so each rank keeps 1/(dp*tp) of the split layers and 1/dp of
-the rest.  This is how large models are trained today (torchtitan applies TP, then FSDP2 over
-the data-parallel mesh dimension); on a GPU cluster the tp dimension stays inside a node, whose
+the rest.  This is how large models are trained today (torchtitan's
+torchtitan/models/llama3/infra/parallelize.py: `apply_tp`, then `apply_fsdp` over the data-parallel
+mesh); on a GPU cluster the tp dimension stays inside a node, whose
 GPUs are linked by NVLink, and dp crosses the network, which carries only FSDP2's all-gathers
 and reduce-scatters.
 """
