@@ -1,5 +1,6 @@
 """The models and their data: the transformer's parameter formula, the token task, --model at the boundary."""
 import json
+import re
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from scaledl import datasets, models
+from scaledl.config import Config, ConfigError
 
 SMALL = ["--model", "transformer", "--width", "64", "--depth", "2", "--heads", "4", "--seq-len", "32"]
 
@@ -39,21 +41,32 @@ def test_a_token_sample_is_labelled_by_its_most_frequent_group():
     assert data.image_shape == (32, 1, 1) and data.normalized(data.x_test).max() == data.x_test.max()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "rnn"], "argument --model: invalid choice"),
-    (["--depth", "2"], "only --model transformer takes --depth"),
-    (["--dataset", "tokens"], "--dataset tokens holds token sequences for --model transformer"),
-    (["--model", "transformer", "--dataset", "mnist"], "--model transformer trains on --dataset tokens"),
-    (["--model", "transformer", "--width", "65", "--heads", "4"], "--width 65 must be a multiple of --heads 4"),
-    (["--model", "transformer", "--seq-len", "0"], "--seq-len must be a whole number > 0"),
+@pytest.mark.parametrize("options, message", [
+    ({"depth": 2}, "only --model transformer takes --depth"),
+    ({"dataset": "tokens"}, "--dataset tokens holds token sequences for --model transformer"),
+    ({"model": "transformer", "dataset": "mnist"}, "--model transformer trains on --dataset tokens"),
+    ({"model": "transformer", "width": 65, "heads": 4}, "--width 65 must be a multiple of --heads 4"),
+    ({"model": "transformer", "seq_len": 0}, "--seq-len must be a whole number > 0"),
 ])
-def test_bad_model_flags_get_one_line_and_create_nothing(tmp_path, argv, message):
+def test_model_flags_that_do_not_fit_together_are_refused(options, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Config(**options)
+
+
+def test_transformer_defaults_fill_in_and_the_cnn_keeps_its_data():
+    assert Config().dataset == "mnist-embedded" and Config().width is None
+    config = Config(model="transformer", depth=2)
+    assert config.dataset == "tokens" and (config.width, config.depth, config.heads) == (1024, 2, 16)
+
+
+def test_a_bad_model_flag_is_one_line_and_creates_nothing(tmp_path):
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "scaledl.ladder.single_torch", *argv, "--out-dir", str(out)],
+    result = subprocess.run([sys.executable, "-m", "scaledl.ladder.single_torch", "--model", "transformer",
+                             "--width", "65", "--heads", "4", "--out-dir", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and not out.exists(), result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert len(lines) == 1 and "--width 65 must be a multiple of --heads 4" in lines[0], result.stderr
 
 
 def test_the_pipeline_rung_refuses_the_transformer(tmp_path):
@@ -62,6 +75,7 @@ def test_the_pipeline_rung_refuses_the_transformer(tmp_path):
     assert result.returncode == 2 and "unrecognized arguments: --model transformer" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_transformer_learns_the_token_task(tmp_path):
     subprocess.run([sys.executable, "-m", "scaledl.ladder.single_torch", *SMALL, "--epochs", "1", "--lr", "0.1",
                     "--out-dir", str(tmp_path)], check=True, capture_output=True, timeout=300)

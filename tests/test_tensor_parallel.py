@@ -64,6 +64,7 @@ def test_control_without_the_row_wise_all_reduce_is_far_off(tmp_path, reference)
     assert "params_in_sync=False" in output  # the ranks' whole layers (norms, embeddings) drift apart
 
 
+@pytest.mark.slow
 def test_tensor_parallel_runs_with_its_summary_checkpoint_and_resume(tmp_path):
     """The short run: two ranks, the summary line, a checkpoint of whole tensors, and --resume from it."""
     options = ["--epochs", "2", "--train-limit", "256", "--log-interval", "2", *SMALL]

@@ -4,14 +4,12 @@
 
 `diff fsdp.py fsdp_tp.py` is what the second dimension needs (marked `# New Code #`): the ranks
 form a dp x tp grid (a 2-D `DeviceMesh`, `init_device_mesh(..., mesh_dim_names=("dp", "tp"))`).
-The tp ranks of a row split every block's layers as tensor_parallel.py does and train on the
-same batches; the dp rows train on different shards of the data, and FSDP2 shards what each rank
-holds once more across its column, so each rank keeps 1/(dp*tp) of the split layers and 1/dp of
-the rest.  This is how large models are trained today (torchtitan's
-torchtitan/models/llama3/infra/parallelize.py: `apply_tp`, then `apply_fsdp` over the data-parallel
-mesh); on a GPU cluster the tp dimension stays inside a node, whose
-GPUs are linked by NVLink, and dp crosses the network, which carries only FSDP2's all-gathers
-and reduce-scatters.
+The tp ranks of a row split every block's layers as tensor_parallel.py does and train on the same
+batches; the dp rows train on different shards of the data, and FSDP2 shards what each rank holds
+once more across its column: each rank keeps 1/(dp*tp) of the split layers and 1/dp of the rest.
+How large models are trained today (torchtitan/models/llama3/infra/parallelize.py: `apply_tp`,
+then `apply_fsdp` over the data-parallel mesh); on a GPU cluster tp stays inside a node, whose GPUs
+share NVLink, and dp crosses the network, which carries only FSDP2's all-gathers and reduce-scatters.
 """
 from __future__ import annotations
 
