@@ -68,6 +68,54 @@ def test_training_days(capsys):
     verdict(capsys)
 
 
+def choose_right(num_params, activation_bytes, device_bytes, world_size):
+    state = 16 * num_params
+    if state + activation_bytes <= device_bytes:
+        return "data"
+    return "sharded" if state / world_size + activation_bytes <= device_bytes else "model"
+
+
+def choose_with(bytes_per_param=16, activations=True, divide_states=True, divide_activations=False,
+                shard_first=False):
+    """The rule with one slip: 4 bytes a parameter, activations forgotten, states not divided over
+    the ranks, activations divided too, or sharding tried before plain data parallelism."""
+    def choose(num_params, activation_bytes, device_bytes, world_size):
+        state = bytes_per_param * num_params
+        act = activation_bytes if activations else 0
+        sharded = (state / world_size if divide_states else state) + (act / world_size if divide_activations else act)
+        if shard_first and sharded <= device_bytes:
+            return "sharded"
+        if state + act <= device_bytes:
+            return "data"
+        return "sharded" if sharded <= device_bytes else "model"
+    return choose
+
+
+def test_parallelism_choice_check(capsys):
+    assert grader.check_parallelism_choice(choose_right)
+    assert "PASS: all 7 cases" in verdict(capsys)
+    fails(capsys, grader.check_parallelism_choice(None), "`choose` is not set")
+    fails(capsys, grader.check_parallelism_choice(choose_with(bytes_per_param=4)), "you said data",
+          "16 bytes a parameter")
+    fails(capsys, grader.check_parallelism_choice(choose_with(activations=False)), "you said data",
+          "count every byte")
+    fails(capsys, grader.check_parallelism_choice(choose_with(divide_states=False)), "you said model",
+          "sharded over 8 ranks")
+    fails(capsys, grader.check_parallelism_choice(choose_with(divide_activations=True)), "you said sharded",
+          "still keeps its own 50 GB of activations")
+    fails(capsys, grader.check_parallelism_choice(choose_with(shard_first=True)), "you said sharded",
+          "plain data parallelism is enough")
+    fails(capsys, grader.check_parallelism_choice(lambda *args: "pipeline"), "return \"data\"")
+    # Unusual but right: mixed precision's 2 + 2 + 12 bytes, "ZeRO" for sharded, NumPy numbers.
+    mixed = {"data": "Data", "sharded": "ZeRO", "model": "model "}
+
+    def choose_mixed(num_params, activation_bytes, device_bytes, world_size):
+        return mixed[choose_right(np.float64(num_params) * (2 + 2 + 12) / 16, activation_bytes, device_bytes,
+                                  np.int64(world_size))]
+    assert grader.check_parallelism_choice(choose_mixed)
+    verdict(capsys)
+
+
 # ---------------------------------------------------------------- lesson 2
 
 def honest(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
@@ -209,6 +257,38 @@ def test_all_reduce_check(capsys):
     fails(capsys, grader.check_all_reduce([1.0], 1), "start 2 or more")  # one rank proves nothing
 
 
+def ring(nbytes, p, alpha, beta):
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
+
+
+def test_ring_prediction_check(capsys):
+    assert grader.check_ring_prediction(ring)
+    assert "PASS: the ring's cost model" in verdict(capsys)
+    fails(capsys, grader.check_ring_prediction(None), "`predict` is not set")
+    fails(capsys, grader.check_ring_prediction(lambda n, p, a, b: (p - 1) * a + (p - 1) / p * n / b), "half the ring")
+    fails(capsys, grader.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) * a + n / b), "2(p-1)/p of the bytes")
+    fails(capsys, grader.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b),
+          "beta is bytes per second")
+    fails(capsys, grader.check_ring_prediction(lambda n, p, a, b: (p - 1) * a + 2 * (p - 1) / p * n / b),
+          "counts p-1 messages")
+    fails(capsys, grader.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) / p * n / b), "latency term is missing")
+    fails(capsys, grader.check_ring_prediction(lambda n, p, a, b: 2 * p * a + 2 * n / b), "not p")
+    # Unusual but right: NumPy, the two halves written out, and a learner's own names.
+    def halves(nbytes, world_size, alpha, beta):
+        step = alpha + nbytes / world_size / beta
+        return np.float32(2 * (world_size - 1)) * np.float64(step)
+    assert grader.check_ring_prediction(halves)
+    verdict(capsys)
+
+
+def test_ring_prediction_says_when_the_measurement_disagrees(capsys):
+    assert grader.check_ring_prediction(ring, (2**25, 2, 1.2e-3, 1.44e9, 0.025))
+    line = verdict(capsys)
+    assert "predicted 25.7 ms, measured 25.0 ms (0.97x): within 30%" in line, line
+    assert grader.check_ring_prediction(ring, (2**25, 2, 1.2e-3, 1.44e9, 0.080))
+    assert "(3.11x): the fit is off here" in verdict(capsys)
+
+
 def sampler_shard(use_local_rank=False, replicas=None):
     def shard(num_samples, rank, local_rank, world_size):
         return list(DistributedSampler(range(num_samples), num_replicas=replicas or world_size,
@@ -309,6 +389,60 @@ def test_horovod_sync_check_compares_with_one_process_on_the_global_batch(framew
     # Equal fingerprints are checked first: a missing broadcast is named as such, whatever the errors.
     fails(capsys, grader.check_horovod_sync([["w", "o", "e"], ["w", "p", "e"]], framework, [right, right]),
           "optimizer state")
+
+
+def fuse_right(tensors, threshold):
+    buffers, used = [], 0
+    for name, nbytes in tensors:
+        if buffers and used + nbytes <= threshold:
+            buffers[-1].append(name)
+            used += nbytes
+        else:
+            buffers.append([name])
+            used = nbytes
+    return buffers
+
+
+def fuse_with(strict=False, overfill=False, sort=False):
+    """Horovod's packing with one slip: a buffer must stay below the threshold, the tensor that
+    passes it still joins, or the tensors sorted by size first (bin packing)."""
+    def fuse(tensors, threshold):
+        tensors = sorted(tensors, key=lambda t: -t[1]) if sort else tensors
+        buffers, used = [], 0
+        for name, nbytes in tensors:
+            fits = used + nbytes < threshold if strict else used + nbytes <= threshold
+            if buffers and (fits or (overfill and used < threshold)):
+                buffers[-1].append(name)
+                used += nbytes
+            else:
+                buffers.append([name])
+                used = nbytes
+        return buffers
+    return fuse
+
+
+def test_fusion_check(capsys):
+    assert grader.check_fusion(fuse_right)
+    assert "PASS: all 5 cases" in verdict(capsys)
+    fails(capsys, grader.check_fusion(None), "`fuse` is not set")
+    fails(capsys, grader.check_fusion(lambda tensors, threshold: [[name for name, _ in tensors]]),
+          "at most the threshold")  # one buffer, whatever the threshold
+    fails(capsys, grader.check_fusion(lambda tensors, threshold: [[name] for name, _ in tensors]),
+          "share one buffer")  # fusion off
+    fails(capsys, grader.check_fusion(fuse_with(strict=True)), "at most, not below")
+    fails(capsys, grader.check_fusion(fuse_with(overfill=True)), "starts the next buffer")
+    fails(capsys, grader.check_fusion(fuse_with(sort=True)), "does not sort")
+    # Unusual but right: a generator of tuples, built from running totals.
+    def fuse_totals(tensors, threshold):
+        start, total = 0, 0
+        for i, (_, nbytes) in enumerate(tensors):
+            if i > start and total + nbytes > threshold:
+                yield tuple(name for name, _ in tensors[start:i])
+                start, total = i, 0
+            total += nbytes
+        yield tuple(name for name, _ in tensors[start:])
+    assert grader.check_fusion(fuse_totals)
+    verdict(capsys)
 
 
 def test_horovod_allreduce_check(capsys):
@@ -638,7 +772,8 @@ def test_tensor_parallel_mlp_check(capsys):
 @pytest.mark.parametrize("check, args", [
     (grader.check_training_memory, (None, 10)), (grader.check_training_days, (None, 1, 1, 1, 1, 1)),
     (grader.check_samples_per_s, (None,)), (grader.check_sharding, (None,)), (grader.check_efficiency, (None, {1: 1})),
-    (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)),
+    (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)), (grader.check_parallelism_choice, (None,)),
+    (grader.check_ring_prediction, (None,)), (grader.check_fusion, (None,)),
 ])
 def test_every_check_fails_on_a_name_never_set(check, args, capsys):
     assert check(*args) is False

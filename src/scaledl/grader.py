@@ -94,6 +94,74 @@ def check_training_days(days, num_params: float, num_tokens: float, peak_flops: 
                            "divided by the sustained FLOP/s of all GPUs")
 
 
+PARALLELISM_ANSWERS = {"data": "data", "sharded": "sharded", "zero": "sharded", "fsdp": "sharded", "model": "model"}
+
+
+def _parallelism_rule(num_params, activation_bytes, device_bytes, world_size) -> str:
+    state = 16 * num_params  # parameters, gradients and Adam's states, in fp32 or mixed precision alike
+    if state + activation_bytes <= device_bytes:
+        return "data"
+    if state / world_size + activation_bytes <= device_bytes:
+        return "sharded"
+    return "model"
+
+
+# (parameters, activations in bytes, device bytes, GPUs): each case is one that a common wrong rule
+# gets wrong; _PARALLELISM_WHY says what the right rule saw there.
+_PARALLELISM_CASES = [
+    (1.0e9, 10e9, 40e9, 8),   # 16 + 10 GB fit: data
+    (2.0e9, 10e9, 40e9, 8),   # 32 + 10 > 40 (4 bytes a parameter would say data), 4 + 10 fit: sharded
+    (1.5e9, 20e9, 40e9, 8),   # 24 GB of states fit alone; with 20 GB of activations they do not: sharded
+    (7.0e9, 10e9, 40e9, 8),   # 112 GB of states, 14 + 10 sharded over 8: sharded
+    (70e9, 10e9, 40e9, 8),    # 140 GB even over 8: model
+    (70e9, 10e9, 40e9, 64),   # over 64 ranks 17.5 + 10 fit: sharded
+    (1.0e9, 50e9, 40e9, 8),   # the activations alone exceed the device; ZeRO does not split them: model
+]
+
+
+def check_parallelism_choice(choose) -> bool:
+    """`choose(num_params, activation_bytes, device_bytes, world_size)` -> "data", "sharded" or
+    "model", run on cases where the usual slips (4 bytes a parameter, no activations, states not
+    divided over the ranks, activations divided too, sharding first) each give another answer."""
+    if choose is None:
+        return _unfinished("choose")
+    for num_params, activations, device, world_size in _PARALLELISM_CASES:
+        case = (f"{num_params / 1e9:g}B parameters, {activations / 1e9:g} GB of activations, {world_size} GPUs of "
+                f"{device / 1e9:g} GB")
+        try:
+            got = choose(num_params, activations, device, world_size)
+        except NotImplementedError:
+            return _verdict(False, "choose still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: choose raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        answer = PARALLELISM_ANSWERS.get(str(got).strip().lower())
+        if answer is None:
+            return _verdict(False, f"{case}: choose returned {got!r}: return \"data\", \"sharded\" or \"model\"")
+        want = _parallelism_rule(num_params, activations, device, world_size)
+        if answer == want:
+            continue
+        state_gb, act_gb, device_gb = 16 * num_params / 1e9, activations / 1e9, device / 1e9
+        if want == "data":
+            why = (f"{state_gb:g} GB of model states + {act_gb:g} GB of activations fit one GPU: plain data "
+                   "parallelism is enough (sharding would only add communication)")
+        elif want == "sharded" and answer == "data":
+            why = (f"{state_gb:g} GB of model states (16 bytes a parameter) + {act_gb:g} GB of activations do not fit "
+                   f"{device_gb:g} GB: count every byte training keeps")
+        elif want == "sharded":
+            why = (f"sharded over {world_size} ranks the states take {state_gb / world_size:g} GB, + {act_gb:g} GB of "
+                   "activations: that fits, so ZeRO-3/FSDP is enough without splitting the model")
+        elif answer == "data":
+            why = f"{state_gb:g} GB of states + {act_gb:g} GB of activations cannot fit {device_gb:g} GB"
+        else:
+            why = (f"sharding divides the {state_gb:g} GB of states over {world_size} ranks "
+                   f"({state_gb / world_size:g} GB) but each rank still keeps its own {act_gb:g} GB of activations: "
+                   f"over {device_gb:g} GB, so the model itself must be split")
+        return _verdict(False, f"{case}: you said {answer}, the answer is {want}: {why}")
+    return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes a parameter) plus activations "
+                          "decide data, sharded (1/world_size of the states) or model parallelism")
+
+
 # ----------------------------------------------------------------------------- lesson 2
 
 class SimulatedDevice:
@@ -244,6 +312,62 @@ def check_sharding(shard, num_samples: int = 20, nodes: int = 2, ranks_per_node:
 
 
 
+def ring_allreduce_s(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """The ring all-reduce's time: 2(p-1) messages of latency alpha, and 2(p-1)/p of the n bytes
+    through each rank's link at beta bytes/s (Patarasuk and Yuan, 2009; Thakur et al., 2005)."""
+    p = world_size
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
+
+
+# (bytes, ranks, alpha s, beta bytes/s): 8 and 3 ranks so that 2(p-1)/p is neither 1 nor 2, a latency
+# large enough to see, a bandwidth that is not 1.
+_RING_CASES = [(100e6, 8, 50e-6, 10e9), (1e3, 8, 50e-6, 10e9), (64e6, 3, 5e-6, 200e9), (1e9, 64, 10e-6, 25e9)]
+
+
+def check_ring_prediction(predict, measured: tuple | None = None) -> bool:
+    """`predict(nbytes, world_size, alpha, beta) -> seconds`, the ring all-reduce's cost model,
+    against the formula on cases where a half-ring (p-1 steps), a missing 2(p-1)/p, or beta used
+    as seconds per byte differ; then, with `measured = (nbytes, world_size, alpha, beta, seconds)`,
+    the prediction for a size the fit never saw beside the time the ranks measured."""
+    if predict is None:
+        return _unfinished("predict")
+    for nbytes, p, alpha, beta in _RING_CASES:
+        case = f"{nbytes:,.0f} bytes on {p} ranks, alpha {alpha * 1e6:g} us, beta {beta / 1e9:g} GB/s"
+        try:
+            got = float(predict(nbytes, p, alpha, beta))
+        except NotImplementedError:
+            return _verdict(False, "predict still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: predict raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = ring_allreduce_s(nbytes, p, alpha, beta)
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        latency, bandwidth = 2 * (p - 1) * alpha, 2 * (p - 1) / p * nbytes / beta
+        slips = [(latency / 2 + bandwidth / 2, "that is half the ring: a reduce-scatter and an all-gather, "
+                                               "p-1 steps each"),
+                 (latency / 2 + bandwidth, "the latency counts p-1 messages: each half of the ring sends p-1"),
+                 (latency + nbytes / beta, "each rank sends 2(p-1)/p of the bytes, not the buffer once"),
+                 (latency + 2 * nbytes / beta, "each rank sends 2(p-1)/p of the bytes: a chunk of n/p per step"),
+                 (latency + 2 * (p - 1) / p * nbytes * beta, "beta is bytes per second: divide the bytes by it"),
+                 (bandwidth, "the latency term is missing: 2(p-1) messages, alpha each"),
+                 (latency, "the bandwidth term is missing: 2(p-1)/p n bytes at beta bytes/s"),
+                 (2 * p * alpha + 2 * nbytes / beta, "count p-1 steps per half, not p")]
+        hint = next((message for value, message in slips if math.isclose(got, value, rel_tol=1e-6)),
+                    "t = 2(p-1) alpha + 2(p-1)/p n / beta")
+        return _verdict(False, f"{case}: {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms: {hint}")
+    if measured is None:
+        return _verdict(True, "the ring's cost model: 2(p-1) latencies and 2(p-1)/p of the bytes per rank")
+    nbytes, p, alpha, beta, seconds = measured
+    predicted = float(predict(nbytes, p, alpha, beta))
+    ratio = seconds / predicted
+    agreement = ("within 30%: the fit holds beyond the sizes it saw" if 0.7 <= ratio <= 1 / 0.7 else
+                 "the fit is off here: a busy shared CPU, or a size where the library switches algorithm; "
+                 "rerun the measurement cell")
+    return _verdict(True, f"the ring's cost model: {nbytes / 2**20:g} MiB on {p} ranks predicted "
+                          f"{predicted * 1e3:.1f} ms, measured {seconds * 1e3:.1f} ms ({ratio:.2f}x): {agreement}")
+
+
 # ----------------------------------------------------------------------------- data parallelism
 
 _IN_SYNC_FIXES = {
@@ -383,6 +507,66 @@ def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance
         return _verdict(False, f"the weights differ from one big-batch step by {error:.2g}: {hint}")
     return _verdict(True, f"one all-reduce per window ({buckets} bucket{'s' * (buckets != 1)}) and the same weights "
                           f"as one step on the {accumulation_steps}x larger batch of all {len(reports_by_rank)} ranks")
+
+
+def horovod_fuse(tensors: list, threshold: int) -> list[list[str]]:
+    """Horovod's packing of one cycle's tensors (`[(name, bytes)]` in its order) into fusion
+    buffers: greedily in order, the next tensor joins while the buffer stays within the threshold,
+    else it starts the next buffer; a tensor larger than the threshold goes alone
+    (`Controller::FuseResponses`, horovod/common/controller.cc, v0.28.1, for tensors of one type)."""
+    buffers, used = [], 0
+    for name, nbytes in tensors:
+        if buffers and used + nbytes <= threshold:
+            buffers[-1].append(name)
+            used += nbytes
+        else:
+            buffers.append([name])
+            used = nbytes
+    return buffers
+
+
+# (tensors in Horovod's order, threshold): a case where packing in order differs from sorting by size,
+# one where a buffer fills exactly, one tensor larger than the threshold, fusion off, and all in one.
+_FUSION_CASES = [
+    ([("a", 40), ("b", 30), ("c", 50), ("d", 20)], 100),
+    ([("a", 60), ("b", 40), ("c", 10)], 100),
+    ([("a", 30), ("b", 200), ("c", 30), ("d", 30)], 100),
+    ([("a", 10), ("b", 10), ("c", 10)], 0),
+    ([("a", 10), ("b", 20), ("c", 30)], 2**27),
+]
+
+
+def check_fusion(fuse) -> bool:
+    """`fuse(tensors, threshold) -> [[names of one buffer], ...]` against Horovod's own packing."""
+    if fuse is None:
+        return _unfinished("fuse")
+    for tensors, threshold in _FUSION_CASES:
+        case = f"{', '.join(f'{name} {nbytes} B' for name, nbytes in tensors)} with a threshold of {threshold} B"
+        try:
+            got = [list(buffer) for buffer in fuse(list(tensors), threshold)]
+        except NotImplementedError:
+            return _verdict(False, "fuse still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: fuse raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = horovod_fuse(tensors, threshold)
+        if got == want:
+            continue
+        sizes = dict(tensors)
+        flat = [name for buffer in got for name in buffer]
+        if sorted(flat) != sorted(sizes):
+            hint = "every tensor goes in exactly one buffer"
+        elif flat != [name for name, _ in tensors]:
+            hint = "Horovod keeps the tensors in its order: it packs them as they come, it does not sort or look back"
+        elif any(sum(sizes[name] for name in buffer) > threshold and len(buffer) > 1 for buffer in got):
+            hint = "a buffer holds at most the threshold: the tensor that would pass it starts the next buffer"
+        elif len(got) == len(tensors):
+            hint = "tensors that fit together within the threshold share one buffer: that is the point of fusion"
+        else:
+            hint = "a tensor joins the buffer while the total stays within the threshold (at most, not below)"
+        return _verdict(False, f"{case}: you made {got}, Horovod makes {want}: {hint}")
+    return _verdict(True, f"all {len(_FUSION_CASES)} cases packed as Horovod packs them: in order, each buffer at "
+                          "most the threshold, a larger tensor alone")
 
 
 # ----------------------------------------------------------------------------- scaling
