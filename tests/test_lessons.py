@@ -196,3 +196,50 @@ def test_lessons_import_no_rung_internals():
     for path in LESSONS:
         text = "".join(cell.source for cell in cells(path))
         assert not re.search(r"from scaledl\.ladder(\.\w+)? import|scaledl\.ladder\.\w+\.\w+\(", text), path.name
+
+
+# The Polaris recipe each lesson prints, and the rung it is for.
+RECIPES = {"01_why_scale": "ddp"}  # grows lesson by lesson
+_ALL_RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
+           "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
+           "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3"}
+
+
+def recipe_call(source: str) -> tuple[list, dict] | None:
+    """The arguments of the `recipes.polaris(...)` call in a cell, or None."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "polaris" \
+                and getattr(node.func.value, "id", None) == "recipes":
+            return ([ast.literal_eval(arg) for arg in node.args],
+                    {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords})
+    return None
+
+
+@pytest.mark.parametrize("stem", RECIPES)
+def test_the_polaris_recipe_in_the_lesson_is_the_generators(stem):
+    from scaledl import recipes
+
+    path = next(p for p in LESSONS if p.stem == stem)
+    found = [(cell, recipe_call(cell.source)) for cell in cells(path) if recipe_call(cell.source)]
+    assert len(found) == 1, f"{path.name}: one cell prints recipes.polaris(...)"
+    cell, (args, kwargs) = found[0]
+    assert args[0] == RECIPES[stem], (path.name, args)
+    stored = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+    assert stored == recipes.polaris(*args, **kwargs) + "\n", f"{path.name}: run the lesson again, the recipe changed"
+    assert kwargs.get("live_ranks") == (4 if live(path) else None), path.name  # live ranks: a node's 4 GPUs
+
+
+TERMS = {"rung": re.compile(r"\*\*rung\*\*|a rung is", re.I), "%%px": re.compile(r"`%%px`")}
+
+
+@pytest.mark.parametrize("path", [p for p in LESSONS if p.stem in RECIPES], ids=lambda path: path.stem)
+def test_rung_and_px_are_defined_in_markdown_before_their_first_use(path):
+    notebook = nbformat.read(path, as_version=4)
+    for term, definition in TERMS.items():
+        uses = [i for i, cell in enumerate(notebook.cells)
+                if (term in cell.source if term == "%%px" else re.search(r"\brungs?\b", cell.source, re.I))]
+        if not uses:
+            continue
+        defined = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "markdown"
+                   and definition.search(cell.source)]
+        assert defined and defined[0] <= uses[0], f"{path.name}: define {term} where it is first used (cell {uses[0]})"
