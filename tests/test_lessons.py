@@ -199,7 +199,7 @@ def test_lessons_import_no_rung_internals():
 
 
 # The Polaris recipe each lesson prints, and the rung it is for.
-RECIPES = {"01_why_scale": "ddp", "02_single_device": "single_torch"}  # grows lesson by lesson
+RECIPES = {"01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp"}  # grows lesson by lesson
 _ALL_RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
            "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3"}
@@ -207,6 +207,8 @@ _ALL_RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "s
 
 def recipe_call(source: str) -> tuple[list, dict] | None:
     """The arguments of the `recipes.polaris(...)` call in a cell, or None."""
+    if source.startswith("%"):
+        return None  # a live cell (%%px): the recipe prints in the notebook's kernel
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "polaris" \
                 and getattr(node.func.value, "id", None) == "recipes":
