@@ -146,6 +146,38 @@ def test_horovod_cycles_wait_for_every_rank_and_fuse_what_is_ready():
     drawn(fig)
 
 
+def test_close_labels_are_staggered_and_spans_drawn():
+    assert plots._stagger([0.0, 0.05, 0.1, 5.0], span=10) == [0, 1, 2, 0]  # close ones climb, a far one resets
+    assert plots._stagger([5.0, 0.0], span=10) == [0, 0]
+    sizes = {"9.bias": 40, "9.weight": 5_120, "7.weight": 802_816}
+    submitted = [{"9.bias": 0.10, "9.weight": 0.12, "7.weight": 0.9},
+                 {"9.bias": 0.2, "9.weight": 0.21, "7.weight": 1.4}]
+    spans = [{"backward": (0, 1.1), "step()": (1.1, 2.3)}, {"backward": (0, 1.5), "step()": (1.5, 2.4)}]
+    fig = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0, spans=spans, title="measured")
+    assert fig.reductions == [(1.0, ["9.bias", "9.weight"]), (2.0, ["7.weight"])]
+    assert [text.get_text() for text in fig.axes[0].get_legend().get_texts()] == ["backward", "step()"]
+    drawn(fig)
+
+
+def test_accumulation_timeline_marks_each_window():
+    def window(t0, applied=True):
+        events = []
+        for micro in range(3):
+            start = t0 + micro * 10
+            events += [("forward", start, start + 3), ("backward", start + 3, start + 8)]
+            if micro == 2:
+                events.append(("all-reduce", start + 6, start + 8))
+            events.append(("optimizer step" if micro == 2 and applied else "step()", start + 8, start + 8.01))
+        return events
+    fig = plots.accumulation_timeline([window(0) + window(30), window(0) + window(30)], accumulation_steps=3)
+    assert fig.windows == 2
+    labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["forward", "backward", "all-reduce", "step()", "optimizer step"]
+    widths = [patch.get_width() for patch in fig.axes[0].patches]
+    assert min(widths) >= 0.004 * 58  # a step() of 0.01 ms still shows
+    drawn(fig)
+
+
 def test_node_binding_shows_polaris_reverse_gpu_order():
     from pathlib import Path
 

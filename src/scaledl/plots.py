@@ -273,11 +273,24 @@ def lr_schedules(curves: dict, steps_per_epoch: dict):
     return fig
 
 
-def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fusion_bytes: float = 128 * 2**20):
+def _stagger(times: list[float], span: float, levels: int = 3) -> list[int]:
+    """A label level for each of `times` (sorted or not): 0 unless a label sits within 6% of the
+    axis of the one before it, then the next level, so close labels do not overlap."""
+    order = sorted(range(len(times)), key=times.__getitem__)
+    level, previous, out = 0, None, [0] * len(times)
+    for index in order:
+        level = (level + 1) % levels if previous is not None and times[index] - previous < 0.06 * span else 0
+        out[index], previous = level, times[index]
+    return out
+
+
+def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fusion_bytes: float = 128 * 2**20,
+                   spans: list[dict] | None = None, title: str | None = None):
     """Horovod's negotiation and tensor fusion, from when each rank hands each tensor to the
     background thread: `submitted[rank] = {name: ms}`.  At every cycle tick the ranks reduce the
     tensors that *every* rank has submitted by then (matched by name, whatever the order), packed
-    into fusion buffers of at most `fusion_bytes` (`sizes[name]` bytes each)."""
+    into fusion buffers of at most `fusion_bytes` (`sizes[name]` bytes each).  `spans[rank] =
+    {label: (start ms, end ms)}` draws what each rank was doing meanwhile (backward, step())."""
     names = list(sizes)
     ready = {name: max(rank[name] for rank in submitted) for name in names}  # the last rank's submission
     ticks = math.ceil(max(ready.values()) / cycle_ms + 1e-9)
@@ -293,27 +306,71 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
             used += sizes[name]
         if buffer:
             reductions.append((tick * cycle_ms, buffer))
-    fig, ax = _figure(10, 1.4 + 0.6 * len(submitted))
+    ends = [end for rank in spans or [] for _, end in rank.values()]
+    right = max([ticks * cycle_ms, *ends])
+    fig, ax = _figure(10, 1.4 + (1.0 if spans else 0.6) * len(submitted))
     palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
     color = {name: palette[i % len(palette)] for i, name in enumerate(names)}
+    span_colors = {}
+    for rank, rank_spans in enumerate(spans or []):
+        for label, (start, end) in rank_spans.items():
+            span_colors.setdefault(label, ["#EEDDAA", "#BBDDEE", "#DDEEBB"][len(span_colors) % 3])
+            ax.barh(rank, end - start, left=start, height=0.5, color=span_colors[label], edgecolor="gray",
+                    linewidth=0.5, label=label if rank == 0 else None, zorder=0)
     for rank, times in enumerate(submitted):
-        for name, at in times.items():
-            ax.plot([at], [rank], "o", color=color[name])
-            ax.annotate(name, (at, rank), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+        levels = _stagger(list(times.values()), right)
+        for (name, at), level in zip(times.items(), levels):
+            ax.plot([at], [rank], "o", color=color[name], zorder=2)
+            ax.annotate(name, (at, rank), textcoords="offset points", xytext=(0, 7 + 9 * level), ha="center",
+                        fontsize=7)
     fused_row = len(submitted) + 0.3
     for index, (tick, group) in enumerate(reductions):
         width = 0.8 * cycle_ms / max(1, sum(1 for t, _ in reductions if t == tick))
         left = tick + width * sum(1 for t, _ in reductions[:index] if t == tick)
         ax.barh(fused_row, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5)
-        ax.text(left + width / 2, fused_row, "+".join(group), ha="center", va="center", fontsize=6, color="white")
+        ax.text(left + width / 2, fused_row, "+".join(group) if len(group) <= 3 else f"{len(group)} tensors",
+                ha="center", va="center", fontsize=6, color="white")
     for tick in range(ticks + 1):
         ax.axvline(tick * cycle_ms, color="gray", linewidth=0.5, linestyle=":")
     ax.set(yticks=[*range(len(submitted)), fused_row],
            yticklabels=[*(f"rank {r} submits" for r in range(len(submitted))), "fused all-reduce"],
-           xlabel=f"ms (dotted: a cycle every {cycle_ms:g} ms)", ylim=(-0.6, fused_row + 0.7),
-           title="each cycle reduces what every rank has submitted, by name, fused into one buffer")
+           xlabel=f"ms (dotted: a cycle every {cycle_ms:g} ms)", ylim=(-0.6 - 0.3 * bool(spans), fused_row + 0.7),
+           title=title or "each cycle reduces what every rank has submitted, by name, fused into one buffer")
+    if spans:
+        ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
     ax.invert_yaxis()
     fig.reductions = reductions  # what the drawing shows, for a caller or a test
+    return fig
+
+
+def accumulation_timeline(events_by_rank: list[list], accumulation_steps: int):
+    """Micro steps and optimizer steps under gradient accumulation, from the ranks' own clocks:
+    `events_by_rank[rank] = [(kind, start ms, end ms), ...]` with kind "forward", "backward",
+    "all-reduce" (inside a backward), "step()" (the call, however little it did) or "optimizer step"
+    (the call that applied the update).  Dashed lines close each accumulation window."""
+    colors = {"forward": COLORS["forward"], "backward": COLORS["backward"], "all-reduce": COLORS["comm"],
+              "step()": COLORS["idle"], "optimizer step": COLORS["optimizer"]}
+    heights = {"all-reduce": 0.3}
+    right = max(end for events in events_by_rank for _, _, end in events)
+    fig, ax = _figure(10, 1.3 + 0.55 * len(events_by_rank))
+    shown = set()
+    for rank, events in enumerate(events_by_rank):
+        for kind, start, end in events:
+            width = max(end - start, 0.004 * right)  # the shortest still shows
+            ax.barh(rank, width, left=start, height=heights.get(kind, 0.6), color=colors[kind], edgecolor="black",
+                    linewidth=0.4, label=None if kind in shown else kind, zorder=2 if kind == "all-reduce" else 1)
+            shown.add(kind)
+            if kind == "optimizer step" and rank == 0:
+                ax.axvline(end, color="gray", linestyle="--", linewidth=0.8)
+    ax.set(yticks=range(len(events_by_rank)), yticklabels=[f"rank {r}" for r in range(len(events_by_rank))],
+           xlabel="ms from the first micro step (each rank's own clock)", ylim=(len(events_by_rank) - 0.4, -0.9),
+           title=f"gradient accumulation over {accumulation_steps} micro steps: the gradients are reduced, and the "
+                 "optimizer steps, only at each window's end")
+    order = [kind for kind in colors if kind in shown]
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend([handles[labels.index(kind)] for kind in order], order, loc="upper center", ncols=len(order),
+              fontsize=7, bbox_to_anchor=(0.5, 1.0), framealpha=0.9)
+    fig.windows = sum(kind == "optimizer step" for kind, _, _ in events_by_rank[0])
     return fig
 
 
