@@ -147,8 +147,9 @@ def test_horovod_cycles_wait_for_every_rank_and_fuse_what_is_ready():
 
 
 def test_close_labels_are_staggered_and_spans_drawn():
-    assert plots._stagger([0.0, 0.05, 0.1, 5.0], span=10) == [0, 1, 2, 0]  # close ones climb, a far one resets
+    assert plots._stagger([0.0, 0.05, 0.1, 5.0], span=10) == [0, 1, 2, 0]  # close ones climb, a far one goes low
     assert plots._stagger([5.0, 0.0], span=10) == [0, 0]
+    assert plots._stagger([0.0, 0.3, 0.6, 0.9, 1.2], span=10) == [0, 1, 2, 0, 1]  # a level is free again 0.7 on
     sizes = {"9.bias": 40, "9.weight": 5_120, "7.weight": 802_816}
     submitted = [{"9.bias": 0.10, "9.weight": 0.12, "7.weight": 0.9},
                  {"9.bias": 0.2, "9.weight": 0.21, "7.weight": 1.4}]

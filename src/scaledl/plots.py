@@ -273,14 +273,17 @@ def lr_schedules(curves: dict, steps_per_epoch: dict):
     return fig
 
 
-def _stagger(times: list[float], span: float, levels: int = 3) -> list[int]:
-    """A label level for each of `times` (sorted or not): 0 unless a label sits within 6% of the
-    axis of the one before it, then the next level, so close labels do not overlap."""
-    order = sorted(range(len(times)), key=times.__getitem__)
-    level, previous, out = 0, None, [0] * len(times)
-    for index in order:
-        level = (level + 1) % levels if previous is not None and times[index] - previous < 0.06 * span else 0
-        out[index], previous = level, times[index]
+def _stagger(times: list[float], span: float, levels: int = 4) -> list[int]:
+    """A label level for each of `times`: the lowest level whose last label is more than 7% of the
+    axis away (labels are about that wide), else the level whose last label is farthest, so labels
+    that sit close together do not overlap."""
+    last: list[float | None] = [None] * levels
+    out = [0] * len(times)
+    for index in sorted(range(len(times)), key=times.__getitem__):
+        at = times[index]
+        free = [level for level in range(levels) if last[level] is None or at - last[level] > 0.07 * span]
+        level = free[0] if free else min(range(levels), key=lambda level: last[level])
+        out[index], last[level] = level, at
     return out
 
 
@@ -306,8 +309,11 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
             used += sizes[name]
         if buffer:
             reductions.append((tick * cycle_ms, buffer))
-    ends = [end for rank in spans or [] for _, end in rank.values()]
-    right = max([ticks * cycle_ms, *ends])
+    # The axis ends a cycle after the last reduction or submission: a span that runs on (a step()
+    # waiting on a busy machine) is cut there and says where it ends.
+    last_at = max([at for rank in submitted for at in rank.values()] + [start for rank in spans or []
+                                                                         for start, _ in rank.values()])
+    right = max(ticks * cycle_ms, last_at) + cycle_ms
     fig, ax = _figure(10, 1.4 + (1.0 if spans else 0.6) * len(submitted))
     palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
     color = {name: palette[i % len(palette)] for i, name in enumerate(names)}
@@ -315,8 +321,10 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     for rank, rank_spans in enumerate(spans or []):
         for label, (start, end) in rank_spans.items():
             span_colors.setdefault(label, ["#EEDDAA", "#BBDDEE", "#DDEEBB"][len(span_colors) % 3])
-            ax.barh(rank, end - start, left=start, height=0.5, color=span_colors[label], edgecolor="gray",
+            ax.barh(rank, min(end, right) - start, left=start, height=0.5, color=span_colors[label], edgecolor="gray",
                     linewidth=0.5, label=label if rank == 0 else None, zorder=0)
+            if end > right:
+                ax.text(right, rank + 0.05, f"{label} until {end:.1f} ms \u2192", ha="right", va="center", fontsize=7)
     for rank, times in enumerate(submitted):
         levels = _stagger(list(times.values()), right)
         for (name, at), level in zip(times.items(), levels):
@@ -328,16 +336,19 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
         width = 0.8 * cycle_ms / max(1, sum(1 for t, _ in reductions if t == tick))
         left = tick + width * sum(1 for t, _ in reductions[:index] if t == tick)
         ax.barh(fused_row, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5)
-        ax.text(left + width / 2, fused_row, "+".join(group) if len(group) <= 3 else f"{len(group)} tensors",
-                ha="center", va="center", fontsize=6, color="white")
+        fits = 0.045 * right * len(group) < width  # room for the names inside the bar
+        ax.text(left + width / 2, fused_row if fits else fused_row - 0.4,
+                "+".join(group) if fits else f"{len(group)} tensor{'s' * (len(group) > 1)}",
+                ha="center", va="center", fontsize=6, color="white" if fits else "black")
     for tick in range(ticks + 1):
         ax.axvline(tick * cycle_ms, color="gray", linewidth=0.5, linestyle=":")
     ax.set(yticks=[*range(len(submitted)), fused_row],
            yticklabels=[*(f"rank {r} submits" for r in range(len(submitted))), "fused all-reduce"],
            xlabel=f"ms (dotted: a cycle every {cycle_ms:g} ms)", ylim=(-0.6 - 0.3 * bool(spans), fused_row + 0.7),
+           xlim=(0, right),
            title=title or "each cycle reduces what every rank has submitted, by name, fused into one buffer")
     if spans:
-        ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
+        ax.legend(loc="lower left", fontsize=7, framealpha=0.9)
     ax.invert_yaxis()
     fig.reductions = reductions  # what the drawing shows, for a caller or a test
     return fig
