@@ -167,7 +167,7 @@ def test_every_question_has_an_answer_in_the_solution_only(path):
 
 FIGURES = {"01_why_scale": 2, "02_single_device": 1, "03_collectives": 2, "04_horovod_tf": 1, "05_horovod_torch": 1,
            "06_ddp": 2,
-           "07_scaling": 2, "09_zero_fsdp": 1, "10_model_parallel": 2}
+           "07_scaling": 2, "08_deepspeed": 1, "09_zero_fsdp": 1, "10_model_parallel": 2}
 
 
 @pytest.mark.parametrize("stem, count", FIGURES.items())
@@ -202,7 +202,7 @@ def test_lessons_import_no_rung_internals():
 # The Polaris recipe each lesson prints, and the rung it is for.
 RECIPES = {"01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch",
-           "06_ddp": "ddp"}  # grows lesson by lesson
+           "06_ddp": "ddp", "08_deepspeed": "deepspeed"}  # grows lesson by lesson
 _ALL_RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
            "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3"}

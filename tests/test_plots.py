@@ -172,7 +172,7 @@ def test_accumulation_timeline_marks_each_window():
         return events
     fig = plots.accumulation_timeline([window(0) + window(30), window(0) + window(30)], accumulation_steps=3)
     assert fig.windows == 2
-    labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    labels = [text.get_text() for text in fig.legends[0].get_texts()]
     assert labels == ["forward", "backward", "all-reduce", "step()", "optimizer step"]
     widths = [patch.get_width() for patch in fig.axes[0].patches]
     assert min(widths) >= 0.004 * 58  # a step() of 0.01 ms still shows

@@ -363,7 +363,7 @@ def accumulation_timeline(events_by_rank: list[list], accumulation_steps: int):
               "step()": COLORS["idle"], "optimizer step": COLORS["optimizer"]}
     heights = {"all-reduce": 0.3}
     right = max(end for events in events_by_rank for _, _, end in events)
-    fig, ax = _figure(10, 1.3 + 0.55 * len(events_by_rank))
+    fig, ax = _figure(10, 1.8 + 0.55 * len(events_by_rank))
     shown = set()
     for rank, events in enumerate(events_by_rank):
         for kind, start, end in events:
@@ -374,13 +374,13 @@ def accumulation_timeline(events_by_rank: list[list], accumulation_steps: int):
             if kind == "optimizer step" and rank == 0:
                 ax.axvline(end, color="gray", linestyle="--", linewidth=0.8)
     ax.set(yticks=range(len(events_by_rank)), yticklabels=[f"rank {r}" for r in range(len(events_by_rank))],
-           xlabel="ms from the first micro step (each rank's own clock)", ylim=(len(events_by_rank) - 0.4, -0.9),
-           title=f"gradient accumulation over {accumulation_steps} micro steps: the gradients are reduced, and the "
-                 "optimizer steps, only at each window's end")
+           xlabel="ms from the first micro step (each rank's own clock)", ylim=(len(events_by_rank) - 0.4, -0.6),
+           title=f"gradient accumulation, {accumulation_steps} micro steps a window:\none all-reduce and one "
+                 "optimizer step per window (dashed: a window ends)")
     order = [kind for kind in colors if kind in shown]
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend([handles[labels.index(kind)] for kind in order], order, loc="upper center", ncols=len(order),
-              fontsize=7, bbox_to_anchor=(0.5, 1.0), framealpha=0.9)
+    fig.legend([handles[labels.index(kind)] for kind in order], order, loc="outside lower center", ncols=len(order),
+               fontsize=7, frameon=False)
     fig.windows = sum(kind == "optimizer step" for kind, _, _ in events_by_rank[0])
     return fig
 
