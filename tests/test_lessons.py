@@ -200,10 +200,7 @@ def test_lessons_import_no_rung_internals():
 
 
 # The Polaris recipe each lesson prints, and the rung it is for.
-RECIPES = {"01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
-           "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch",
-           "06_ddp": "ddp", "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3"}  # grows lesson by lesson
-_ALL_RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
+RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
            "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3"}
 
