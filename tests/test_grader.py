@@ -642,6 +642,35 @@ class _WorldOf:
         return 1
 
 
+def test_accumulation_plan_check(capsys):
+    def right(micro_steps, accumulation_steps, zero_stage):
+        steps = micro_steps // accumulation_steps
+        return (micro_steps if zero_stage >= 2 else steps), steps
+
+    assert grader.check_accumulation_plan(right)
+    assert "PASS: all 5 cases" in verdict(capsys)
+    assert grader.check_accumulation_plan(right, (6, 3, 0, 2, 2))
+    assert "as the live ranks did (2 reducing backwards, 2 optimizer steps)" in verdict(capsys)
+    fails(capsys, grader.check_accumulation_plan(right, (6, 3, 0, 6, 2)), "the live ranks did 6 and 2")
+    fails(capsys, grader.check_accumulation_plan(None), "`plan` is not set")
+    # Every micro step reduces, whatever the stage (no accumulation of the communication).
+    fails(capsys, grader.check_accumulation_plan(lambda m, a, z: (m, m // a)), "only in a window's last backward")
+    # Stage 2 treated like stage 0.
+    fails(capsys, grader.check_accumulation_plan(lambda m, a, z: (m // a, m // a)), "from stage 2 on every backward")
+    # Every step() counted as an optimizer step.
+    fails(capsys, grader.check_accumulation_plan(lambda m, a, z: (m if z >= 2 else m // a, m)),
+          "applies the optimizer only at a window's end")
+    # An unfinished window counted as a step (rounding up).
+    fails(capsys, grader.check_accumulation_plan(lambda m, a, z: (m if z >= 2 else -(-m // a), -(-m // a))),
+          "a window left unfinished")
+    # Unusual but right: a list of NumPy integers, the windows counted in a loop.
+    def counted(micro_steps, accumulation_steps, zero_stage):
+        steps = sum(1 for m in range(1, micro_steps + 1) if m % accumulation_steps == 0)
+        return [np.int64(micro_steps if zero_stage > 1 else steps), np.int64(steps)]
+    assert grader.check_accumulation_plan(counted)
+    verdict(capsys)
+
+
 def zero_solution(num_params, world_size, stage):
     return {"params": 2 * num_params / (world_size if stage >= 3 else 1),
             "grads": 2 * num_params / (world_size if stage >= 2 else 1),
@@ -765,7 +794,7 @@ def test_tensor_parallel_mlp_check(capsys):
     (grader.check_training_memory, (None, 10)), (grader.check_training_days, (None, 1, 1, 1, 1, 1)),
     (grader.check_samples_per_s, (None,)), (grader.check_sharding, (None,)), (grader.check_efficiency, (None, {1: 1})),
     (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)), (grader.check_parallelism_choice, (None,)),
-    (grader.check_ring_prediction, (None,)), (grader.check_fusion, (None,)),
+    (grader.check_ring_prediction, (None,)), (grader.check_fusion, (None,)), (grader.check_accumulation_plan, (None,)),
 ])
 def test_every_check_fails_on_a_name_never_set(check, args, capsys):
     assert check(*args) is False

@@ -753,6 +753,62 @@ _PARTITIONED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimi
 _NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states"}
 
 
+def accumulation_plan(micro_steps: int, accumulation_steps: int, zero_stage: int) -> tuple[int, int]:
+    """(backward passes that reduce gradients, optimizer steps) of a DeepSpeed engine over
+    `micro_steps` micro steps: the optimizer steps at each full window's end; stages 0-1 reduce in
+    that window's last backward only, stages 2-3 in every backward (engine.py, allreduce_gradients)."""
+    steps = micro_steps // accumulation_steps
+    return (micro_steps if zero_stage >= 2 else steps), steps
+
+
+# (micro steps, accumulation steps, ZeRO stage): a window that divides, one that does not, stage 2's
+# every-backward reduction, and no accumulation at all.
+_PLAN_CASES = [(12, 4, 0), (7, 3, 1), (7, 3, 2), (5, 1, 0), (8, 4, 3)]
+
+
+def check_accumulation_plan(plan, measured: tuple | None = None) -> bool:
+    """`plan(micro_steps, accumulation_steps, zero_stage) -> (reducing backwards, optimizer steps)`
+    against DeepSpeed's engine; with `measured = (micro_steps, accumulation_steps, zero_stage,
+    reducing backwards, optimizer steps)` from the live ranks, against what they did too."""
+    if plan is None:
+        return _unfinished("plan")
+    cases = [*_PLAN_CASES, *([measured[:3]] if measured else [])]
+    for micro_steps, accumulation, stage in cases:
+        case = f"{micro_steps} micro steps, gradient_accumulation_steps {accumulation}, ZeRO stage {stage}"
+        try:
+            got = tuple(int(value) for value in plan(micro_steps, accumulation, stage))
+        except NotImplementedError:
+            return _verdict(False, "plan still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: plan raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = accumulation_plan(micro_steps, accumulation, stage)
+        if got == want:
+            continue
+        reductions, steps = got
+        if steps != want[1]:
+            hint = ("the optimizer steps once per full window; a window left unfinished has not stepped yet"
+                    if steps in (-(-micro_steps // accumulation), micro_steps / accumulation) else
+                    "engine.step() is called every micro step but applies the optimizer only at a window's end"
+                    if steps == micro_steps else "count the full windows")
+        elif stage < 2:
+            hint = ("at stages 0-1 the engine reduces only in a window's last backward: the others accumulate "
+                    "locally" if reductions == micro_steps else "one reduction per full window, in its last backward")
+        else:
+            hint = ("from stage 2 on every backward reduces: each rank keeps only its part of the gradients, so it "
+                    "cannot accumulate the whole of them")
+        return _verdict(False, f"{case}: you said {reductions} reducing backwards and {steps} optimizer steps, "
+                               f"DeepSpeed makes {want[0]} and {want[1]}: {hint}")
+    said = f"all {len(cases)} cases as DeepSpeed's engine counts them"
+    if measured:
+        micro_steps, accumulation, stage, reductions, steps = measured
+        if (reductions, steps) != accumulation_plan(micro_steps, accumulation, stage):
+            return _verdict(False, f"{said}, but the live ranks did {reductions} and {steps} in {micro_steps} micro "
+                                   "steps: rerun the measurement cell")
+        said += f", and as the live ranks did ({reductions} reducing backwards, {steps} optimizer steps)"
+    return _verdict(True, said)
+
+
 def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
     """`bytes_per_rank(num_params, world_size, stage) -> {"params", "grads", "optimizer"}` for
     mixed-precision Adam (2 + 2 + 12 bytes per parameter), checked part by part, so that
