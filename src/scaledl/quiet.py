@@ -1,8 +1,9 @@
-"""Keep library noise that a learner cannot act on out of a notebook's outputs, at its source.
+"""Keep library noise that a learner cannot act on out of a run's and a notebook's outputs, at its source.
 
     import deepspeed
     from scaledl import quiet
     quiet.deepspeed()      # on every rank, before deepspeed.initialize
+    with quiet.flatten_advice():   # around a gather of whole tensors from a 2-D mesh
 
 Nothing here hides an error: each function names the one message it silences and why.
 """
@@ -54,3 +55,20 @@ def deepspeed() -> None:
     if "__compatible_ops__" not in vars(deepspeed.ops):
         with _descriptor_2_to_devnull():
             getattr(deepspeed.ops, "__compatible_ops__")
+
+
+@contextlib.contextmanager
+def flatten_advice():
+    """Hold back torch 2.13's per-rank warning, while gathering whole tensors from a 2-D mesh
+    (FSDP2 x tensor parallelism), that one all-gather would be faster than the two it takes per
+    tensor (`_warn_flatten_optimization_not_possible`, torch/distributed/tensor/_redistribute.py):
+    advice for a training loop, not for a checkpoint's once-per-save gather (scaledl.run_state)."""
+    import logging
+
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -12,13 +12,12 @@ its own partitioned checkpoints).  A `Store` puts states on disk under OUT_DIR:
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
 from pathlib import Path
 
-from scaledl import checkpoint
+from scaledl import checkpoint, quiet
 from scaledl.checkpoint import CheckpointError
 
 # Advice every refused resume ends with: both are command lines that work on that OUT_DIR.
@@ -87,7 +86,7 @@ class FullState(TorchState):
     def state_dict(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        with _quiet_gather():
+        with quiet.flatten_advice():
             return {"model": get_model_state_dict(self.model, options=self._options()),
                     "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=self._options())}
 
@@ -100,25 +99,8 @@ class FullState(TorchState):
     def full_model_state(self):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        with _quiet_gather():
+        with quiet.flatten_advice():
             return get_model_state_dict(self.model, options=self._options())
-
-
-@contextlib.contextmanager
-def _quiet_gather():
-    """Gathering whole tensors from a 2-D mesh (FSDP2 x tensor parallelism) takes two all-gathers per
-    tensor, and torch 2.13 logs a warning per rank that one would be faster
-    (`_warn_flatten_optimization_not_possible`, torch/distributed/tensor/_redistribute.py): advice for a
-    training loop, not for a checkpoint's once-per-save gather, so it is held back here."""
-    import logging
-
-    logger = logging.getLogger("torch.distributed.tensor._redistribute")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 class StageState(TorchState):
