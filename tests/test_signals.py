@@ -203,6 +203,46 @@ def test_the_watcher_says_nothing_when_the_rank_and_its_launcher_end_together():
         assert result.returncode == 0 and result.stderr == "", f"attempt {attempt}:\n{result.stderr}"
 
 
+def catches(pid: int, signum: int) -> bool:
+    """The process has a handler of its own for `signum` (bit signum-1 of SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(caught >> (signum - 1) & 1)
+
+
+def torch_loaded(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # Python catches SIGINT from its start
+def test_a_signal_while_a_rung_still_imports_torch_ends_it_quietly(signum):
+    # horovodrun starts each rank from a shell (`sh -c`, two commands, so the shell stays) and,
+    # when one rank fails, sends SIGTERM to the others, often while they still import torch.  A
+    # rank killed outright by the signal makes that shell print "Terminated" under the rank's tag.
+    # The rank must catch it from its first moment, before torch is loaded, and end with the
+    # shell's status and no line at all.
+    shell = subprocess.Popen(["sh", "-c", f"cd . ; {sys.executable} -m scaledl.ladder.single_torch "
+                              "--epochs 1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env(1))
+    deadline, rank = time.monotonic() + 60, None
+    while time.monotonic() < deadline and not (rank and catches(rank.pid, signum)):
+        children = psutil.Process(shell.pid).children()
+        rank = children[0] if children else None
+        time.sleep(0.005)
+    assert rank is not None and catches(rank.pid, signum), "the rung never caught the signal"
+    assert not torch_loaded(rank.pid), "the rung caught the signal only once torch was loaded"
+    rank.send_signal(signum)
+    out, err = shell.communicate(timeout=60)
+    assert shell.returncode == 128 + signum and err == "" and out == "", (shell.returncode, err)
+
+
 def rank_process(marker: str, rank: int, limit_s: float = 60) -> psutil.Process:
     """The rank `rank` of the run whose command line names `marker` (its launcher has no RANK)."""
     deadline = time.monotonic() + limit_s

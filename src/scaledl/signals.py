@@ -160,6 +160,29 @@ def _on_stop_request(signum, frame):
     stop_requested = signum
 
 
+def _end_quietly(signum, frame):
+    os._exit(exit_status(signum))
+
+
+def until_installed() -> None:
+    """From a program's first moment until `install()`: a signal ends the process at once, quietly,
+    with the shell's status (143 for SIGTERM).
+
+    Importing torch takes seconds, and a launcher may stop the job inside them: horovodrun ends
+    every rank as soon as one fails (its safe_shell_exec sends SIGTERM to each rank's shell's
+    children), and a rank killed outright by the signal makes that shell print "Terminated" under
+    the rank's tag, a line about nothing.  Nothing has started yet (no process group, no buffer,
+    no file), so there is nothing to clean up or to say."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in HANDLED:
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # started under nohup
+        signal.signal(signum, _end_quietly)
+    if signal.getsignal(STOP_REQUEST) in (signal.SIG_DFL, None):  # its default would end the process
+        signal.signal(STOP_REQUEST, _on_stop_request)
+
+
 def leave() -> None:
     """From here on the process is exiting: a signal is noted, not raised (see `_on_signal`)."""
     global leaving

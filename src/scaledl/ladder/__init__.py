@@ -4,6 +4,13 @@ RUNGS lists the rows of `scaledl demo`: the module each runs, the launcher the d
 it with (any launcher works for a multi-process rung: torchrun, mpiexec, srun, ...), and
 the flags that make the row (ZeRO's stages are one module with different flags).
 """
+import sys
+
+if sys.argv[:1] == ["-m"]:  # Python says "-m" here while it imports the package of `python -m scaledl.ladder.<rung>`
+    from scaledl import signals
+
+    signals.until_installed()  # a launcher's SIGTERM during the seconds torch takes to import ends the rank quietly
+
 RUNGS = {
     "single_torch": ("single_torch", "python", []),
     "single_tf": ("single_tf", "python", []),
