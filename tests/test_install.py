@@ -138,6 +138,40 @@ def test_make_setup_passes_the_system_on():
     assert 'SCALEDL_SYSTEM="polaris" HOROVOD="1" bash tools/setup.sh' in result.stdout
 
 
+def other_pythons() -> list[Path]:
+    """Interpreters outside the supported range that this machine has (pyenv's, where there is one)."""
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() \
+        if shutil.which("pyenv") else ""
+    found = []
+    for version in ("2.7", "3.6", "3.9", "3.14"):
+        found += sorted(Path(root, "versions").glob(f"{version}.*/bin/python"))[-1:] if root else []
+    return found
+
+
+def test_make_setup_names_an_interpreter_it_cannot_use_in_one_line_before_installing_anything(tmp_path):
+    # Debian 13 and Ubuntu 24.04 ship 3.13 and 3.12; an old or too-new Python, a name that is not
+    # there, or a shim that does not run, each must be one line from `make setup`, before apt-get,
+    # the venv or pip.
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", ROOT, clone])
+    for name in ("tools/setup.sh", "tools/pins.py", "constraints.txt"):  # the working tree's, committed or not
+        shutil.copy(ROOT / name, clone / name)
+    not_there = tmp_path / "python3.99"
+    shim = tmp_path / "python3.12"
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.12: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    cases = [(p, f"this is Python {p.parent.parent.name.rsplit('.', 1)[0]}") for p in other_pythons()]
+    cases += [(not_there, f"no '{not_there}' on PATH"), (shim, "does not run (pyenv: python3.12: command not found)")]
+    assert len(cases) >= 2
+    for python, says in cases:
+        result = subprocess.run(["make", "setup", f"PYTHON={python}"], cwd=clone, capture_output=True, text=True,
+                                env={**os.environ, "PYTHON": str(python)}, timeout=120)
+        ours = [line for line in result.stderr.splitlines() if line.startswith("setup: ")]
+        assert result.returncode != 0 and len(ours) == 1 and says in ours[0], (python, result.stderr)
+        assert "PYTHON=" in ours[0] and "[setup" not in result.stdout, result.stdout
+        assert not (clone / ".venv").exists()
+
+
 def base_python(prefix: Path) -> Path:
     """A Python installation of its own at `prefix`, as a site module's conda environment is (a venv
     made from a venv would see the first one's base, not it): this interpreter's binary and standard

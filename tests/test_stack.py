@@ -1,4 +1,5 @@
 """The environment `make setup` builds: every framework, built the way the ladder needs it."""
+import importlib.util
 import re
 import subprocess
 import sys
@@ -11,10 +12,21 @@ from scaledl import launchers
 
 
 
-def constraints() -> dict[str, str]:
-    """name -> exact version, from constraints.txt (what `make setup` installs)."""
-    lines = [line.split("#")[0].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()]
-    return dict(line.lower().split("==") for line in lines if line)
+def pins_module():
+    spec = importlib.util.spec_from_file_location("pins", ROOT / "tools" / "pins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def constraints(python: tuple[int, int] | None = None) -> dict[str, str]:
+    """name -> exact version, from constraints.txt (what `make setup` installs on this Python, or on `python`)."""
+    return {name: pin.split("==")[1] for name, pin in pins_module().constraints(python).items()}
+
+
+def every_python() -> list[tuple[int, int]]:
+    low, high = pins_module().SUPPORTED
+    return [(3, minor) for minor in range(low[1], high[1] + 1)]
 
 
 def pyproject_requirements() -> list[str]:
@@ -27,29 +39,45 @@ def pyproject_requirements() -> list[str]:
 def test_pyproject_has_ranges_and_constraints_pin_each_within_them():
     from packaging.requirements import Requirement
 
-    exact = constraints()
-    assert all(re.fullmatch(r"[a-z0-9_.\-]+", name) and re.fullmatch(r"[0-9][0-9a-z.+]*", version)
-               for name, version in exact.items()), exact
-    for text in pyproject_requirements():
-        requirement = Requirement(text)
-        name = requirement.name.lower()
-        # An exact pin in the package's metadata would downgrade a user's environment on install.
-        assert not any(spec.operator == "==" for spec in requirement.specifier), \
-            f"pyproject.toml pins {text} exactly: give the range it works with, and the pin to constraints.txt"
-        assert name in exact, f"constraints.txt has no pin for {name}"
-        assert requirement.specifier.contains(exact[name], prereleases=True), \
-            f"constraints.txt pins {name}=={exact[name]}, outside pyproject.toml's {text}"
-    names = {Requirement(text).name.lower() for text in pyproject_requirements()}
-    assert set(exact) <= names, f"constraints.txt pins what pyproject.toml does not need: {set(exact) - names}"
+    for python in every_python():
+        exact = constraints(python)
+        assert all(re.fullmatch(r"[a-z0-9_.\-]+", name) and re.fullmatch(r"[0-9][0-9a-z.+]*", version)
+                   for name, version in exact.items()), exact
+        for text in pyproject_requirements():
+            requirement = Requirement(text)
+            name = requirement.name.lower()
+            # An exact pin in the package's metadata would downgrade a user's environment on install.
+            assert not any(spec.operator == "==" for spec in requirement.specifier), \
+                f"pyproject.toml pins {text} exactly: give the range it works with, and the pin to constraints.txt"
+            assert name in exact, f"constraints.txt has no pin for {name} on Python {python}"
+            assert requirement.specifier.contains(exact[name], prereleases=True), \
+                f"constraints.txt pins {name}=={exact[name]} for Python {python}, outside pyproject.toml's {text}"
+        names = {Requirement(text).name.lower() for text in pyproject_requirements()}
+        assert set(exact) <= names, f"constraints.txt pins what pyproject.toml does not need: {set(exact) - names}"
+
+
+def test_pip_reads_the_markers_of_constraints_txt_as_pins_py_does():
+    # pip decides what `make setup` installs; tools/pins.py what it builds Horovod against and what
+    # these tests expect.  Both read the same lines, and must agree for every supported Python.
+    from packaging.markers import Marker
+
+    pins = pins_module()
+    lines = pins.pin_lines()
+    assert any(marker for _, marker in lines), "constraints.txt has no per-Python line"
+    for python in every_python():
+        environment = {"python_version": f"{python[0]}.{python[1]}"}
+        by_pip = {pin for pin, marker in lines if not marker or Marker(marker).evaluate(environment)}
+        assert by_pip == set(pins.constraints(python).values()), python
 
 
 def test_environment_yml_names_the_same_packages_and_versions():
     text = (ROOT / "environment.yml").read_text()
+    python = tuple(int(x) for x in re.search(r"- python=(\d+)\.(\d+)", text).groups())
     pip_section = text.split("- pip:", 1)[1]
     found = re.findall(r"^\s+- ([A-Za-z0-9_.\-]+==[^\s]+)\s*$", pip_section, re.M)
     conda_pins = dict(pin.lower().split("==") for pin in found)
     # Horovod is built by tools/build_horovod.sh (the comment at the top of environment.yml says how).
-    expected = {name: version for name, version in constraints().items() if name != "horovod"}
+    expected = {name: version for name, version in constraints(python).items() if name != "horovod"}
     assert conda_pins == expected
     assert "conda-forge" in text and "defaults" not in text
 

@@ -37,6 +37,24 @@ cat > "$work/toolchain.cmake" <<CMAKE
 set(CMAKE_USER_MAKE_RULES_OVERRIDE_CXX "$work/cxx-rules.cmake")
 CMAKE
 export CMAKE_TOOLCHAIN_FILE="$work/toolchain.cmake"
+if [ $has_tf = 1 ]; then
+    # TensorFlow >= 2.19 moved headers that Horovod's horovod/tensorflow/xla_mpi_ops.cc includes:
+    # XLA's builder now lives at xla/hlo/builder/xla_builder.h (a one-line forwarding header at the
+    # old path fixes it), and highwayhash and farmhash sit under the wheel's include/external/.
+    tf_include=$("$python" -c 'import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
+    old=tensorflow/compiler/xla/client/xla_builder.h
+    if [ ! -e "$tf_include/$old" ] && [ -e "$tf_include/xla/hlo/builder/xla_builder.h" ]; then
+        mkdir -p "$work/include/$(dirname "$old")"
+        echo '#include "xla/hlo/builder/xla_builder.h"' > "$work/include/$old"
+        CPLUS_INCLUDE_PATH="$work/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+    fi
+    for folder in external/highwayhash external/farmhash_archive/src; do
+        if [ -d "$tf_include/$folder" ]; then
+            CPLUS_INCLUDE_PATH="${CPLUS_INCLUDE_PATH:+$CPLUS_INCLUDE_PATH:}$tf_include/$folder"
+        fi
+    done
+    export CPLUS_INCLUDE_PATH=${CPLUS_INCLUDE_PATH:-}
+fi
 export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS="-j$(nproc)"
 

@@ -16,6 +16,30 @@ if [ "$system" != local ]; then
 fi
 
 python=${PYTHON:-python3}
+# The interpreter first, before anything is installed: the pins exist for Python 3.10-3.13 only.
+if ! command -v "$python" >/dev/null; then
+    echo "setup: error: no '$python' on PATH: install Python 3.10-3.13 (apt-get install python3 python3-venv)," \
+         "or point at one with PYTHON=/path/to/python3 make setup" >&2
+    exit 2
+fi
+# (Python 2.7 on: the question must be answerable by any interpreter the name finds.)
+if ! found=$("$python" -c 'import sys; print("%d %d" % sys.version_info[:2])' 2>&1); then
+    echo "setup: error: '$python' does not run ($(head -1 <<< "$found")): point at a Python 3.10-3.13 with" \
+         "PYTHON=/path/to/python3 make setup" >&2
+    exit 2
+fi
+read -r major minor <<< "$found"
+if [ "$major" -lt 3 ] || { [ "$major" -eq 3 ] && [ "$minor" -lt 7 ]; }; then
+    echo "setup: error: this is Python $major.$minor ($(command -v "$python")); the pinned stack needs Python 3.10" \
+         "to 3.13: point at another with PYTHON=python3.13 make setup, or use conda's environment.yml" >&2
+    exit 2
+fi
+"$python" tools/pins.py --check-python || exit 2
+if [ ! -x "$venv/bin/python" ] && ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "setup: error: $("$python" -V 2>&1) cannot make a venv (Debian and Ubuntu ship that part apart):" \
+         "apt-get install python3-venv, then make setup again" >&2
+    exit 2
+fi
 cache=${SCALEDL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scaledl/wheels}
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 

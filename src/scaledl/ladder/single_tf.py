@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from scaledl import datasets, harness, models, sharding
+from scaledl import datasets, harness, keras_compat, models, sharding
 from scaledl.errors import exits_cleanly
 
 RUNG = "single_tf"
@@ -46,10 +46,9 @@ def main(argv=None) -> int:
             logits = tf.cast(model(x, training=True), tf.float32)
             per_sample = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
             loss = tf.reduce_mean(per_sample)
-            scaled = optimizer.get_scaled_loss(loss) if fp16 else loss
+            scaled = keras_compat.scaled_loss(optimizer, loss)  # scaled up under fp16
         gradients = tape.gradient(scaled, model.trainable_variables)
-        if fp16:
-            gradients = optimizer.get_unscaled_gradients(gradients)
+        gradients = keras_compat.gradients_to_apply(optimizer, gradients)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return tf.reduce_sum(per_sample), tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y, tf.float32))
 
