@@ -16,8 +16,9 @@ CASES = {
                          "only rank 0 holds the sum"),
     "tf_summed": ("04_horovod_tf", "tape = hvd.DistributedGradientTape(tape)",
                   "tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)", "summed over ranks"),
-    "tf_model_only": ("04_horovod_tf", "        hvd.broadcast_variables(optimizer.variables(), root_rank=0)\n", "",
-                      "optimizer state"),
+    "tf_model_only": ("04_horovod_tf",
+                      "        hvd.broadcast_variables(keras_compat.tf_variables(optimizer.variables), root_rank=0)\n",
+                      "", "optimizer state"),
     "torch_summed": ("05_horovod_torch",
                      "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())",
                      "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), "

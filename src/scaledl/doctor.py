@@ -70,10 +70,13 @@ def check_frameworks() -> list[Finding]:
             found.append(problem("torch is not installed", "make setup, or pip install -e '.[torch]'"))
         else:
             found.append(info(f"{distribution} is not installed ({needed_by} need it): pip install -e '.[{extra}]'"))
-    tf = version("tensorflow-cpu")
+    tf = version("tensorflow-cpu") or version("tensorflow")
     if tf and version("horovod") and tuple(int(x) for x in re.findall(r"\d+", tf)[:2]) >= (2, 16):
-        found.append(problem(f"tensorflow {tf} brings Keras 3, whose optimizers Horovod's Keras API does not wrap: "
-                             "gradients would not be averaged", "pip install tensorflow==2.15.1 (Keras 2)"))
+        # Not a problem for the rungs (horovod_tf averages in a train step of its own), but a script
+        # of the user's written for Horovod's Keras API would train each rank alone, silently.
+        found.append(info(f"tensorflow {tf} brings Keras 3: Horovod's Keras API (hvd.keras.DistributedOptimizer, "
+                          "its callbacks) does not average there; average in a train step of your own, as "
+                          "scaledl.ladder.horovod_tf.AveragingModel does"))
     return found
 
 

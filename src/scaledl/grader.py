@@ -387,7 +387,7 @@ def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
 _HOROVOD_FIXES = {
     "tf": ("after the first step",
            "broadcast rank 0's model variables after the first step (hvd.broadcast_variables)",
-           "broadcast the optimizer's variables too (optimizer.variables()), not only the model's",
+           "broadcast the optimizer's variables too (optimizer.variables), not only the model's",
            "average the gradients: wrap the tape in hvd.DistributedGradientTape"),
     "torch": ("before the first step",
               "broadcast rank 0's parameters before training (hvd.broadcast_parameters)",
