@@ -59,18 +59,34 @@ export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS="-j$(nproc)"
 
 if [ -n "${torch_cuda:-}" ]; then
-    # A CUDA torch makes Horovod compile its CUDA code (no variable switches that off), so it
-    # needs a CUDA toolkit's headers and cudart: the caller's CUDA_HOME, else the nvcc on PATH.
+    # A CUDA torch that finds a toolkit makes Horovod compile its CUDA code (no variable switches
+    # that off), so it needs the toolkit's headers and cudart: the caller's CUDA_HOME, else the nvcc on PATH.
     toolkit=${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}
     if [ -z "$toolkit" ] && command -v nvcc >/dev/null; then
         # nvcc says where its toolkit is (`nvcc` on PATH may be a wrapper script or a symlink).
         toolkit=$(nvcc --dryrun -v -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
         toolkit=$(readlink -f "$toolkit")
     fi
-    [ -n "$toolkit" ] && [ -e "$toolkit/include/cuda_runtime.h" ] ||
-        fail "torch ${torch_cuda:+(CUDA $torch_cuda) }is a CUDA build, and Horovod then compiles CUDA code: install" \
-             "a CUDA $torch_cuda toolkit (nvcc) or set CUDA_HOME to one"
-    export CUDA_HOME=$toolkit HOROVOD_CUDA_HOME=$toolkit
+    # Horovod compiles CUDA code for a CUDA torch only where torch itself finds a toolkit
+    # (FindPytorch.cmake: torch.version.cuda and torch.utils.cpp_extension.CUDA_HOME, which is
+    # $CUDA_HOME, the nvcc on PATH or /usr/local/cuda).  A machine with none, and no GPU (PyPI's
+    # CUDA torch on a fresh laptop or CI box), gets the CPU build: Gloo and MPI on CPU tensors.
+    torch_toolkit=$("$python" -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")' \
+                    2>/dev/null | tail -1)
+    gpus_here=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [ -z "$toolkit" ] && [ -z "$torch_toolkit" ] && [ "$gpus_here" -eq 0 ] && [ -z "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+        echo "note: torch is a CUDA $torch_cuda build, but this machine has no CUDA toolkit and no GPU: Horovod is" \
+             "built for CPU tensors (Gloo, MPI); on GPU nodes install a CUDA $torch_cuda toolkit (nvcc) first" >&2
+        torch_cuda=""
+    else
+        toolkit=${toolkit:-$torch_toolkit}
+        [ -n "$toolkit" ] && [ -e "$toolkit/include/cuda_runtime.h" ] ||
+            fail "torch ${torch_cuda:+(CUDA $torch_cuda) }is a CUDA build, and Horovod then compiles CUDA code:" \
+                 "install a CUDA $torch_cuda toolkit (nvcc) or set CUDA_HOME to one"
+        export CUDA_HOME=$toolkit HOROVOD_CUDA_HOME=$toolkit
+    fi
+fi
+if [ -n "${torch_cuda:-}" ]; then
     if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
         export HOROVOD_GPU_OPERATIONS=NCCL
     fi
