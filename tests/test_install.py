@@ -138,14 +138,44 @@ def test_make_setup_passes_the_system_on():
     assert 'SCALEDL_SYSTEM="polaris" HOROVOD="1" bash tools/setup.sh' in result.stdout
 
 
-def other_pythons() -> list[Path]:
-    """Interpreters outside the supported range that this machine has (pyenv's, where there is one)."""
+def pyenv_pythons(*versions: str) -> list[Path]:
+    """The newest interpreter of each of `versions` that this machine's pyenv has (none without pyenv)."""
     root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() \
         if shutil.which("pyenv") else ""
     found = []
-    for version in ("2.7", "3.6", "3.9", "3.14"):
+    for version in versions:
         found += sorted(Path(root, "versions").glob(f"{version}.*/bin/python"))[-1:] if root else []
     return found
+
+
+def other_pythons() -> list[Path]:
+    """Interpreters outside the supported range that this machine has."""
+    return pyenv_pythons("2.7", "3.6", "3.9", "3.14")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["3.10", "3.12", "3.13"])
+def test_pip_resolves_the_pins_on_each_supported_python(tmp_path, version):
+    # Ubuntu 22.04 ships 3.10, Ubuntu 24.04 3.12, Debian 13 3.13 (this machine: 3.11, which make
+    # setup installs for real).  pip's own resolver, on the real index, must find every pin
+    # there: a wheel or sdist whose Requires-Python admits it.  (Horovod and DeepSpeed are built
+    # from their sdists by make setup; mpi4py too.)
+    found = pyenv_pythons(version)
+    if not found:
+        pytest.skip(f"no Python {version} here")
+    sh([found[0], "-m", "venv", tmp_path / "venv"])
+    python = tmp_path / "venv" / "bin" / "python"
+    pins = sh([python, ROOT / "tools" / "pins.py", "core", "torch", "tensorflow", "mpi", "horovod", "deepspeed",
+               "notebooks", "test"]).stdout.split()
+    wheels = [pin for pin in pins if not pin.startswith(("horovod==", "deepspeed==", "mpi4py=="))]
+    report = tmp_path / "report.json"
+    sh([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", report,
+        "-c", ROOT / "constraints.txt", *wheels], timeout=600)
+    resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    for pin in wheels:
+        name, pinned = pin.split("==")
+        assert resolved.get(name, "").split("+")[0] == pinned, (version, name, resolved.get(name))
 
 
 def test_make_setup_names_an_interpreter_it_cannot_use_in_one_line_before_installing_anything(tmp_path):
