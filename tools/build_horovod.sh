@@ -33,8 +33,12 @@ cat > "$work/cxx-rules.cmake" <<CMAKE
 set(CMAKE_CXX14_STANDARD_COMPILE_OPTION "-std=c++$std")
 set(CMAKE_CXX14_EXTENSION_COMPILE_OPTION "-std=gnu++$std")
 CMAKE
+# GCC 13 and later no longer include <stdexcept> and <cstdint> through other standard headers, and
+# Horovod's horovod/common/common.h uses std::logic_error without including it (Debian 13's GCC 14
+# stops there): force both headers into every C++ file instead of patching Horovod.
 cat > "$work/toolchain.cmake" <<CMAKE
 set(CMAKE_USER_MAKE_RULES_OVERRIDE_CXX "$work/cxx-rules.cmake")
+set(CMAKE_CXX_FLAGS_INIT "-include stdexcept -include cstdint")
 CMAKE
 export CMAKE_TOOLCHAIN_FILE="$work/toolchain.cmake"
 if [ $has_tf = 1 ]; then
