@@ -332,3 +332,56 @@ def test_make_setup_with_pypi_cuda_torch(tmp_path):
     sh([python, "-c", "import horovod.torch.mpi_lib_v2; from horovod.tensorflow import mpi_ops; import deepspeed"])
     if shutil.which("nvidia-smi"):
         assert "[X] NCCL" in check
+
+
+# A fresh Debian 13 (Python 3.13) made from Debian's packages, and the README's two commands run in
+# it (tools/debian_root.sh): a clone, PyPI's CUDA torch (several GB) and both builds, so it runs only
+# when asked:  SCALEDL_TEST_DEBIAN_ROOT=1 pytest -s tests/test_install.py -k debian
+DEBIAN_ROOT = Path(os.environ.get("SCALEDL_DEBIAN_ROOT", "/var/tmp/scaledl-trixie"))
+
+
+def mounts_under(root: Path) -> list[str]:
+    with open("/proc/mounts") as f:
+        return [line.split()[1] for line in f if line.split()[1].startswith(str(root) + "/")]
+
+
+@pytest.mark.parametrize("root, says", [("/etc", "would clobber the system"), ("FILE", "is a file, not a folder")])
+def test_debian_root_refuses_a_root_it_must_not_use_in_one_line(tmp_path, root, says):
+    if root == "FILE":
+        root = tmp_path / "a-file"
+        root.write_text("")
+    result = subprocess.run(["bash", ROOT / "tools" / "debian_root.sh", str(root)], capture_output=True, text=True,
+                            timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and says in lines[0], result.stderr
+    assert "[debian_root" not in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SCALEDL_TEST_DEBIAN_ROOT") != "1", reason="set SCALEDL_TEST_DEBIAN_ROOT=1")
+def test_the_two_commands_in_a_fresh_debian_13_root():
+    started = time.perf_counter()
+    result = subprocess.run(["bash", ROOT / "tools" / "debian_root.sh", str(DEBIAN_ROOT)], capture_output=True,
+                            text=True, timeout=3 * 3600)
+    print(f"\n{result.stdout[-6000:]}\n{(time.perf_counter() - started) / 60:.1f} min")
+    assert mounts_under(DEBIAN_ROOT) == []
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Python 3.13" in result.stdout
+    assert "make demo passed" in result.stdout and "make check passed" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SCALEDL_TEST_DEBIAN_ROOT") != "1", reason="set SCALEDL_TEST_DEBIAN_ROOT=1")
+def test_ctrl_c_in_the_debian_root_leaves_nothing_mounted():
+    if not (DEBIAN_ROOT / "usr" / "bin" / "python3").exists():
+        pytest.skip("make the root first (the test above)")
+    script = subprocess.Popen(["bash", ROOT / "tools" / "debian_root.sh", str(DEBIAN_ROOT)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not mounts_under(DEBIAN_ROOT) and time.monotonic() < deadline and script.poll() is None:
+        time.sleep(0.2)
+    assert mounts_under(DEBIAN_ROOT), "the script never mounted /proc and /dev in the root"
+    time.sleep(5)
+    os.killpg(script.pid, 2)  # Ctrl-C at a terminal signals the whole foreground group
+    script.wait(timeout=120)
+    assert mounts_under(DEBIAN_ROOT) == []
