@@ -140,8 +140,17 @@ fi
 on_off=(off on)
 echo "building horovod $version: torch ${on_off[has_torch]} (CUDA ${torch_cuda:-none}, C++$std)," \
      "tensorflow ${on_off[has_tf]}, GPU operations ${HOROVOD_GPU_OPERATIONS:-none} ${HOROVOD_BUILD_CUDA_CC_LIST:-}"
-# --no-cache-dir: pip would otherwise hand back a wheel it once built from the same sdist
-# against another torch, without building anything.
+# The sdist, unpacked here: Horovod vendors flatbuffers 1.12, whose span declares `const size_type
+# count_` yet assigns it in operator=, which GCC 14 (Debian 13) rejects even where it is never
+# used.  Upstream flatbuffers made the member non-const (google/flatbuffers#7227); the same
+# one-word change is made to this copy.  --no-cache-dir: pip would otherwise hand back a wheel it
+# once built from the same sdist against another torch, without building anything.
+"$python" -m pip download --disable-pip-version-check --no-cache-dir --no-deps --no-binary :all: \
+    -d "$work/sdist" "horovod==$version" >/dev/null
+tar -xzf "$work"/sdist/horovod-*.tar.gz -C "$work/sdist"
+source_dir=$work/sdist/horovod-$version
+sed -i 's/^\(\s*\)const size_type count_;/\1size_type count_;/' \
+    "$source_dir/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
 PATH="$(cd "$venv/bin" && pwd):$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \
-    --no-build-isolation --no-deps --no-binary horovod -w "$work/dist" "horovod==$version"
+    --no-build-isolation --no-deps -w "$work/dist" "$source_dir"
 mv "$work"/dist/horovod-*.whl "$out/"
