@@ -179,6 +179,12 @@ def test_figures_are_drawn_by_code_and_stored(stem, count):
         assert "![" not in cell.source and not cell.get("attachments"), "no pasted images"
 
 
+def prose(stem: str) -> str:
+    """A lesson's markdown and code, its line breaks and runs of spaces as single spaces."""
+    path = ROOT / "solutions" / f"{stem}.ipynb"
+    return " ".join(" ".join(cell.source for cell in nbformat.read(path, as_version=4).cells).split())
+
+
 def test_wrong_claims_stay_corrected():
     horovod = (ROOT / "solutions" / "04_horovod_tf.ipynb").read_text()
     assert "by name" in horovod and "different orders" in horovod
@@ -191,6 +197,14 @@ def test_wrong_claims_stay_corrected():
     assert "never see half of it" not in collectives and "every sample twice per epoch" in collectives
     adasum = (ROOT / "solutions" / "05_horovod_torch.ipynb").read_text()
     assert "without scaling `lr`" not in adasum and "hvd.local_size()" in adasum
+    deepspeed = prose("08_deepspeed")
+    # Stage 3 reduce-scatters (stage3.py __avg_scatter_grads); only stage 2 goes through average_tensor.
+    assert "reduces to the rank that owns each part: `DeepSpeedZeroOptimizer.average_tensor`)" not in deepspeed
+    assert "Stage 3 goes through `DeepSpeedZeroOptimizer_Stage3.__avg_scatter_grads`" in deepspeed
+    assert "The wrapper sees stages 0-2 only" in deepspeed
+    # 0.17.6 is the DeepSpeed of ALCF's conda/2025-09-25 module (Polaris system updates), said with its source.
+    assert "(Polaris' 0.17.6 among them)" not in deepspeed and "ALCF's `conda/2025-09-25` module" in deepspeed
+    assert "without a GPU, per process)" not in deepspeed
 
 
 def test_lessons_import_no_rung_internals():
