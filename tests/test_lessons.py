@@ -205,6 +205,12 @@ def test_wrong_claims_stay_corrected():
     # 0.17.6 is the DeepSpeed of ALCF's conda/2025-09-25 module (Polaris system updates), said with its source.
     assert "(Polaris' 0.17.6 among them)" not in deepspeed and "ALCF's `conda/2025-09-25` module" in deepspeed
     assert "without a GPU, per process)" not in deepspeed
+    sharded = prose("09_zero_fsdp")
+    # FSDPParamGroup.post_backward reshards, then reduce-scatters.
+    assert "freed once its gradients are reduce-scattered" not in sharded
+    assert "frees the gathered parameters first and then reduce-scatters the gradients" in sharded
+    assert "num_gpus_per_node=gpus," not in sharded and '"num_nodes": nodes' in sharded  # Polaris: 4 GPUs a node
+    assert "Your exercise partitioned the parameters at stage 2" not in sharded
 
 
 def test_lessons_import_no_rung_internals():
