@@ -211,6 +211,13 @@ def test_wrong_claims_stay_corrected():
     assert "frees the gathered parameters first and then reduce-scatters the gradients" in sharded
     assert "num_gpus_per_node=gpus," not in sharded and '"num_nodes": nodes' in sharded  # Polaris: 4 GPUs a node
     assert "Your exercise partitioned the parameters at stage 2" not in sharded
+    model_parallel = prose("10_model_parallel")
+    assert "Consecutive ranks share a node, so a row is a node's GPUs" not in model_parallel
+    assert "A row then lies inside one node when tp divides the ranks per node" in model_parallel
+    assert "mesh_figure(dp=2, tp=4, ranks_per_node=4)" in model_parallel
+    assert "Data parallelism crosses the network once per step" not in model_parallel
+    assert "a buffer of exactly the shape and type" not in model_parallel
+    assert "the same number of elements and the same dtype" in model_parallel
 
 
 def test_lessons_import_no_rung_internals():
@@ -222,7 +229,9 @@ def test_lessons_import_no_rung_internals():
 # The Polaris recipe each lesson prints, and the rung it is for.
 RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
-           "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3"}
+           "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_model_parallel": "fsdp_tp"}
+# A lesson's live ranks on a Polaris node: a node's 4 GPUs, except where the lesson's split needs exactly 2.
+LIVE_RANKS = {"10_model_parallel": 2}
 
 
 def recipe_call(source: str) -> tuple[list, dict] | None:
@@ -248,7 +257,7 @@ def test_the_polaris_recipe_in_the_lesson_is_the_generators(stem):
     assert args[0] == RECIPES[stem], (path.name, args)
     stored = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
     assert stored == recipes.polaris(*args, **kwargs) + "\n", f"{path.name}: run the lesson again, the recipe changed"
-    assert kwargs.get("live_ranks") == (4 if live(path) else None), path.name  # live ranks: a node's 4 GPUs
+    assert kwargs.get("live_ranks") == (LIVE_RANKS.get(stem, 4) if live(path) else None), path.name
 
 
 TERMS = {"rung": re.compile(r"\*\*rung\*\*|a rung is", re.I), "%%px": re.compile(r"`%%px`")}

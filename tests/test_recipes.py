@@ -9,7 +9,8 @@ from conftest import ROOT
 from scaledl import launchers, recipes
 from scaledl.errors import UserError
 
-RUNGS = ["single_torch", "horovod_tf", "horovod_torch", "ddp", "deepspeed", "zero3"]
+RUNGS = ["single_torch", "horovod_tf", "horovod_torch", "ddp", "deepspeed", "zero3", "pipeline", "tensor_parallel",
+         "fsdp_tp"]
 
 
 @pytest.mark.parametrize("rung", RUNGS)
@@ -47,6 +48,14 @@ def test_the_live_ranks_run_as_the_engines_do():
     assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1:system=polaris -l walltime=01:00:00 "
                          "-l filesystems=home:eagle")
     assert recipe[3] == dry_run(4, 4, "ipyparallel.engine")[-1]
+
+
+def test_the_model_parallel_recipes_keep_tensor_parallelism_inside_a_node():
+    two_d = recipes.polaris("fsdp_tp").splitlines()
+    assert "#PBS -l select=2:system=polaris" in two_d  # FSDP2 across the two nodes
+    assert two_d[-1] == dry_run(8, 4, "scaledl.ladder.fsdp_tp", "--tp", "4")[-1]  # tp = a node's 4 GPUs
+    assert recipes.polaris("tensor_parallel").splitlines()[-1].startswith("mpiexec -n 4 --ppn 4 ")
+    assert recipes.polaris("pipeline").splitlines()[-1].startswith("mpiexec -n 2 --ppn 2 ")  # its 2 stages
 
 
 def test_a_rung_without_a_job_is_one_line():

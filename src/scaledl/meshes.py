@@ -30,7 +30,8 @@ def tp_in_node(heads: int, ranks_per_node: int) -> int:
     """The default tensor-parallel group: ranks of one node (on Polaris its 4 GPUs, linked by NVLink),
     as many as divide the heads (4 of Aurora's 12 tiles for 16 heads).  Tensor parallelism all-reduces
     activations twice per block forward and twice backward (Shoeybi et al. 2019, section 3), too often
-    for the network between nodes; data parallelism crosses it once per step."""
+    for the network between nodes; the data-parallel collectives (DDP's all-reduce per step, FSDP2's
+    per-layer all-gathers and reduce-scatters) overlap compute and may cross it."""
     return math.gcd(heads, ranks_per_node)
 
 
@@ -53,7 +54,8 @@ def local_param_bytes(model) -> int:
 def mesh_figure(dp: int = 2, tp: int = 2, ranks_per_node: int | None = None):
     """The dp x tp grid of ranks: each row a tensor-parallel group (splits every layer; all-reduces
     activations twice per block, forward and backward: kept inside a node), each column a
-    data-parallel group (FSDP2 shards across it; all-gathers and reduce-scatters once per layer)."""
+    data-parallel group (FSDP2 shards across it; all-gathers each layer in forward and in backward,
+    reduce-scatters its gradients)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch
 
@@ -81,4 +83,53 @@ def mesh_figure(dp: int = 2, tp: int = 2, ranks_per_node: int | None = None):
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f'init_device_mesh(..., ({dp}, {tp}), mesh_dim_names=("dp", "tp"))', fontsize=9)
+    return fig
+
+
+def mlp_split_figure(tp: int = 2):
+    """Megatron-LM's split of an MLP over `tp` ranks (Shoeybi et al. 2019, section 3, Figure 3a):
+    the first layer's A by columns (no communication: GELU acts on each slice alone), the second
+    layer's B by the matching rows, whose products are partial sums that one all-reduce adds up,
+    before the bias goes on once."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    fig = Figure(figsize=(10, 1.3 * tp + 1.4), layout="constrained")
+    ax = fig.subplots()
+    colors = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974"]
+
+    def box(x, y, w, text, color, h=0.8):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03", facecolor=color,
+                                    edgecolor="black", linewidth=0.8))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
+
+    def arrow(x0, y0, x1, y1):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="->", mutation_scale=10, linewidth=0.9))
+
+    columns = [(0.0, 1.5), (2.0, 2.6), (5.1, 2.6), (8.2, 1.7)]  # x and width of each stage
+    for r in range(tp):
+        y = (tp - 1 - r) * 1.3
+        color = colors[r % len(colors)] + "55"
+        box(columns[0][0], y, columns[0][1], f"X\n(whole, rank {r})", "#FFFFFF")
+        box(columns[1][0], y, columns[1][1], f"A_{r + 1}: columns of A\n(rows of up.weight)", color)
+        box(columns[2][0], y, columns[2][1],
+            f"Y_{r + 1} = GELU(X A_{r + 1})\ntimes B_{r + 1}: rows of B\n(columns of down.weight)", color)
+        box(columns[3][0], y, columns[3][1], f"partial sum\nY_{r + 1} B_{r + 1}", color)
+        for (x0, w0), (x1, _) in zip(columns, columns[1:]):
+            arrow(x0 + w0 + 0.05, y + 0.4, x1 - 0.05, y + 0.4)
+    top = (tp - 1) * 1.3 + 0.8
+    ax.add_patch(FancyBboxPatch((10.3, 0), 1.2, top, boxstyle="round,pad=0.03", facecolor="#C44E5255",
+                                edgecolor="#C44E52", linewidth=1.2))
+    ax.text(10.9, top / 2, "all-reduce\n(sum)", ha="center", va="center", fontsize=8.5, color="#8B1E1E")
+    for r in range(tp):
+        y = (tp - 1 - r) * 1.3
+        arrow(9.95, y + 0.4, 10.25, y + 0.4)
+        box(11.9, y, 1.9, "Z = sum + bias\n(whole, every rank)", "#FFFFFF")
+        arrow(11.55, y + 0.4, 11.85, y + 0.4)
+    ax.text(3.3, top + 0.25, "column-parallel: no communication", ha="center", fontsize=8.5)
+    ax.text(8.0, top + 0.25, "row-parallel: partial sums", ha="center", fontsize=8.5)
+    ax.set_xlim(-0.2, 14.0)
+    ax.set_ylim(-0.2, top + 0.6)
+    ax.axis("off")
+    ax.set_title(f"Y = GELU(X A), Z = Y B split over {tp} ranks (one rank a row)", fontsize=9)
     return fig
