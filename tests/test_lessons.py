@@ -201,7 +201,7 @@ def test_wrong_claims_stay_corrected():
     # Stage 3 reduce-scatters (stage3.py __avg_scatter_grads); only stage 2 goes through average_tensor.
     assert "reduces to the rank that owns each part: `DeepSpeedZeroOptimizer.average_tensor`)" not in deepspeed
     assert "Stage 3 goes through `DeepSpeedZeroOptimizer_Stage3.__avg_scatter_grads`" in deepspeed
-    assert "The wrapper sees stages 0-2 only" in deepspeed
+    assert "The wrapper sees the gradient reductions of stages 0-2 only" in deepspeed
     # 0.17.6 is the DeepSpeed of ALCF's conda/2025-09-25 module (Polaris system updates), said with its source.
     assert "(Polaris' 0.17.6 among them)" not in deepspeed and "ALCF's `conda/2025-09-25` module" in deepspeed
     assert "without a GPU, per process)" not in deepspeed
