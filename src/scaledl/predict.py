@@ -1,0 +1,235 @@
+"""Predict a data-parallel step before measuring it: compute plus the communication left exposed.
+
+The model (each formula below cites where it comes from):
+
+* One message of n bytes over one link costs alpha + n / bandwidth (Hockney's latency-bandwidth
+  model; `scaledl bench comm` fits it, scaledl.bench.stats.fit_alpha_beta).
+* Ring all-reduce over N ranks: 2(N-1) steps, each moving n/N bytes, so
+  2(N-1) alpha + 2(N-1)/N n / bandwidth (Patarasuk & Yuan, "Bandwidth optimal all-reduce
+  algorithms for clusters of workstations", JPDC 2009; nccl-tests' PERFORMANCE.md uses the same
+  2(N-1)/N factor for allreduce busbw).  Reduce-scatter and all-gather are each half of it:
+  (N-1) alpha + (N-1)/N n / bandwidth.
+* Two levels (ranks within a node, nodes): a ring that leaves the node is as slow as its slowest
+  link, so beyond one node the inter-node alpha and bandwidth apply to the whole ring.  The
+  inter-node bandwidth is the node's injection bandwidth (all its NICs: NCCL spreads rings over them).
+* DDP (torch.nn.parallel.DistributedDataParallel) all-reduces gradients in buckets of
+  `bucket_cap_mb` (25 MB) as backward produces them.  Without overlap every bucket waits for the
+  end of backward; with overlap the buckets run one after another during backward, and what is
+  left exposed is the larger of the last bucket (launched when backward ends) and the
+  communication that did not fit under backward (Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2).
+* Horovod fuses gradients that are ready into one all-reduce of at most the fusion threshold, once
+  per cycle; defaults 128 MB and 1 ms (horovodrun --help, horovod/runner/launch.py, 0.28.1).  A
+  gradient waits on average half a cycle before its cycle starts.
+* ZeRO stages 1 and 2 move 2 Psi bytes per rank, as all-reduce does (a reduce-scatter of the
+  gradients, an all-gather of the updated parameters); stage 3 and FSDP2 gather the parameters
+  again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).
+* Pipeline with p stages and m micro batches: the bubble is (p-1)/(m+p-1) of the step
+  (Huang et al., "GPipe", NeurIPS 2019, sec. 2.3; Narayanan et al., SC 2021, sec. 2.2.1).
+* Backward takes 2/3 of forward+backward unless measured: a layer's backward costs two matmuls
+  for its forward's one (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, sec. 2.1:
+  6N flops per token, 2N of them forward).
+
+What the model leaves out: compute slowed by communication sharing its cores or memory, stragglers,
+framework work per step (measured at world size 1, so it is in the single-device step), and
+collectives other than ring (trees, NVLink SHARP).  Weak scaling: the micro batch per rank is fixed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+STRATEGIES = ("ddp", "ddp_no_overlap", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
+BACKWARD_FRACTION = 2 / 3
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25), torch/nn/parallel/distributed.py
+HOROVOD_FUSION_BYTES = 128 * 2**20  # horovodrun --fusion-threshold-mb default (horovod 0.28.1)
+HOROVOD_CYCLE_S = 1e-3  # horovodrun --cycle-time-ms default (horovod 0.28.1)
+
+
+@dataclass(frozen=True)
+class Link:
+    """alpha: seconds per ring step; bandwidth: bytes per second one way; source: where they come from."""
+
+    alpha_s: float
+    bandwidth_Bps: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    ranks_per_node: int
+    intra: Link
+    inter: Link
+    source: str = ""
+
+
+# Polaris (docs.alcf.anl.gov/polaris/hardware-overview/machine-overview): 4 A100 per node
+# "connected via NVLink", the A100 HGX column lists "NVLink 600 GB/s" (both directions: 300 GB/s
+# each way), and "a pair of Slingshot 11 network adapters"; a Slingshot port runs at 200 Gb/s
+# = 25 GB/s (alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node
+# injects 2 x 25 GB/s.  Nominal peaks, not measured; the alphas are nominal too (order of an NCCL
+# ring step on NVLink and of a Slingshot MPI latency), so replace both with a `scaledl bench comm`
+# fit taken on the nodes when you have one.
+POLARIS = System(
+    "polaris", 4,
+    Link(5e-6, 300e9, "NVLink 600 GB/s bidirectional per A100 (ALCF Polaris machine overview); alpha nominal"),
+    Link(10e-6, 2 * 25e9, "2 Slingshot 11 NICs x 200 Gb/s per node (ALCF Polaris machine overview, "
+                          "ALCF Slingshot page); alpha nominal"),
+    "https://docs.alcf.anl.gov/polaris/hardware-overview/machine-overview")
+# Aurora (docs.alcf.anl.gov/aurora/hardware-overview/machine-overview): 6 GPUs of 2 tiles (12 ranks
+# per node), "connected all-to-all with Intel Xe Link", "8 HPE Slingshot-11 NICs" per node: 8 x 25 GB/s.
+# ALCF's overview gives no Xe Link bandwidth: the intra-node number is an assumption (a tile's share
+# of its GPU's links), to be replaced by a measured fit.
+AURORA = System(
+    "aurora", 12,
+    Link(5e-6, 100e9, "assumed: ALCF's overview gives no Xe Link bandwidth; alpha nominal"),
+    Link(10e-6, 8 * 25e9, "8 Slingshot 11 NICs x 200 Gb/s per node (ALCF Aurora machine overview); alpha nominal"),
+    "https://docs.alcf.anl.gov/aurora/hardware-overview/machine-overview")
+SYSTEMS = {"polaris": POLARIS, "aurora": AURORA}
+
+
+def link_for(ranks: int, system: System) -> Link:
+    """The link a ring over `ranks` runs at: within one node the intra link, else the slower of the two."""
+    if ranks <= system.ranks_per_node:
+        return system.intra
+    return Link(max(system.intra.alpha_s, system.inter.alpha_s),
+                min(system.intra.bandwidth_Bps, system.inter.bandwidth_Bps), system.inter.source)
+
+
+def allreduce_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-reduce: 2(N-1) alpha + 2(N-1)/N n / bandwidth."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) * link.alpha_s + 2 * (ranks - 1) / ranks * nbytes / link.bandwidth_Bps
+
+
+def reduce_scatter_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring reduce-scatter of n bytes (each rank keeps n/N): (N-1) alpha + (N-1)/N n / bandwidth."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) * link.alpha_s + (ranks - 1) / ranks * nbytes / link.bandwidth_Bps
+
+
+all_gather_s = reduce_scatter_s  # the same ring run the other way: n is the gathered size
+
+
+def chunks(total: float, size: float) -> list[float]:
+    """`total` bytes cut into messages of at most `size` (the last one is the remainder)."""
+    if total <= 0:
+        return []
+    full = int(total // size)
+    rest = total - full * size
+    return [size] * full + ([rest] if rest > 0 else [])
+
+
+def bucketed_s(messages: list[float], ranks: int, link: Link, backward_s: float, overlap: bool,
+               wait_s: float = 0.0) -> float:
+    """Exposed time of all-reduces issued one after another as backward produces their gradients."""
+    each = [allreduce_s(m, ranks, link) + wait_s for m in messages]
+    if not each or ranks <= 1:
+        return 0.0
+    total = sum(each)
+    return max(each[-1], total - backward_s) if overlap else total
+
+
+def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, backward_s: float,
+                   bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
+                   cycle_s: float = HOROVOD_CYCLE_S) -> float:
+    """Seconds per step that communication adds to the single-device step, for one strategy."""
+    if strategy in ("ddp", "ddp_no_overlap"):
+        return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s, strategy == "ddp")
+    if strategy == "horovod":
+        return bucketed_s(chunks(grad_bytes, fusion_bytes or grad_bytes), ranks, link, backward_s, True,
+                          cycle_s / 2 if ranks > 1 else 0.0)
+    if strategy in ("zero1", "zero2"):  # 2 Psi: reduce-scatter gradients, all-gather parameters
+        return reduce_scatter_s(grad_bytes, ranks, link) + all_gather_s(grad_bytes, ranks, link)
+    if strategy in ("zero3", "fsdp2"):  # 3 Psi: parameters gathered for forward and again for backward
+        return reduce_scatter_s(grad_bytes, ranks, link) + 2 * all_gather_s(grad_bytes, ranks, link)
+    raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """GPipe's idle share of a step: (p-1)/(m+p-1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def pipeline_step_s(step_s: float, stages: int, micro_batches: int) -> float:
+    """The model split over p stages does 1/p of the work each, stretched by the bubble."""
+    return step_s / stages / (1 - bubble_fraction(stages, micro_batches))
+
+
+def predict_step_s(strategy: str, step_s: float, grad_bytes: float, ranks: int, link: Link,
+                   backward_fraction: float = BACKWARD_FRACTION, micro_batches: int = 8, **knobs) -> float:
+    """Predicted seconds per step at `ranks` from the measured single-device `step_s`."""
+    if strategy == "pipeline":  # ranks are the stages: the same batch, split by layers
+        return pipeline_step_s(step_s, ranks, micro_batches)
+    return step_s + exposed_comm_s(strategy, grad_bytes, ranks, link, step_s * backward_fraction, **knobs)
+
+
+def table(step_s: float, num_params: int, system: System | None = None, link: Link | None = None,
+          ranks: list[int] | tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+          strategies: tuple[str, ...] = ("ddp", "ddp_no_overlap", "horovod", "zero3"),
+          bytes_per_param: int = 4, **knobs) -> list[dict]:
+    """Rows per (strategy, ranks): predicted step, exposed communication, weak-scaling efficiency.
+
+    `system` picks the link per rank count (one node, or the slower inter-node link); `link` fixes
+    one link for every count (a `scaledl bench comm` fit taken on this machine)."""
+    if (system is None) == (link is None):
+        raise ValueError("give a system or a link (one of them)")
+    grad_bytes = num_params * bytes_per_param
+    rows = []
+    for strategy in strategies:
+        for n in ranks:
+            chosen = link or link_for(n, system)
+            t = predict_step_s(strategy, step_s, grad_bytes, n, chosen, **knobs)
+            work = step_s if strategy != "pipeline" else step_s / n  # ideal: the work per rank, nothing else
+            rows.append({"strategy": strategy, "ranks": n,
+                         "nodes": math.ceil(n / system.ranks_per_node) if system else None,
+                         "step_ms": t * 1e3, "comm_ms": (t - step_s) * 1e3 if strategy != "pipeline" else None,
+                         "efficiency": work / t})
+    return rows
+
+
+def figure(rows: list[dict], measured: list[dict] | None = None, title: str = ""):
+    """Predicted efficiency per strategy against nodes (ranks without a system); measured points on top.
+
+    `measured`: dicts with strategy, ranks or nodes, and efficiency."""
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's backend alone
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    x_key = "nodes" if rows and rows[0]["nodes"] is not None else "ranks"
+    colors = {}
+    for strategy in dict.fromkeys(row["strategy"] for row in rows):
+        points = [row for row in rows if row["strategy"] == strategy]
+        line, = ax.plot([row[x_key] for row in points], [row["efficiency"] for row in points], "-", label=strategy)
+        colors[strategy] = line.get_color()
+    for point in measured or []:
+        ax.plot(point.get(x_key, point.get("ranks")), point["efficiency"], "o", ms=8, mec="black",
+                color=colors.get(point["strategy"], "black"))
+    if measured:
+        ax.plot([], [], "o", color="gray", mec="black", label="measured")
+    ax.set(xscale="log", xlabel=x_key, ylabel="weak-scaling efficiency t(1) / t(N)", ylim=(0, 1.05),
+           title=title or "predicted (lines) and measured (points)")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def link_from_fit(fit: dict, ranks: int, source: str = "") -> Link:
+    """Per-link alpha and bandwidth from an all-reduce fit t = a + b n taken on `ranks` ranks
+    (`scaledl bench comm`'s fits["allreduce"]): the ring formula read backwards,
+    alpha = a / (2(N-1)), bandwidth = 2(N-1)/N / b."""
+    if ranks < 2:
+        raise ValueError("an all-reduce fit needs at least 2 ranks")
+    return Link(fit["alpha_s"] / (2 * (ranks - 1)), 2 * (ranks - 1) / ranks / fit["beta_s_per_byte"],
+                source or f"all-reduce fit on {ranks} ranks")
+
+
+def predict(step_s: float, num_params: int, system: str | System = "polaris", measured: list[dict] | None = None,
+            **options):
+    """What a lesson calls: (rows, figure) for a measured single-device step and a model size."""
+    chosen = SYSTEMS[system] if isinstance(system, str) else system
+    rows = table(step_s, num_params, chosen, **options)
+    return rows, figure(rows, measured, f"{chosen.name}: step {step_s * 1e3:.3g} ms, {num_params:,} parameters")
