@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("scaledl.launch", "start N ranks with the launcher this machine needs (torchrun, mpiexec, srun)"),
     "jobs": ("scaledl.jobs", "write PBS (Polaris, Aurora) and Slurm job scripts"),
     "doctor": ("scaledl.doctor", "report what this machine has and what will go wrong"),
+    "predict": ("scaledl.predict_cli", "predict step time and scaling efficiency at N ranks from a measured step"),
     "bench": ("scaledl.bench.cli", "benchmarks: overhead, scaling, communication, memory, input, metrics, synthetic"),
 }
 
