@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 SUITE_NAMES = ("overhead", "scaling", "comm", "memory", "input", "metrics", "synthetic")
+# Run by name only, not by `all`: it launches two jobs per setting (a few minutes with --quick).
+NAMED_ONLY = ("predict",)
 
 
 def _path(text: str) -> Path:
@@ -16,7 +18,8 @@ def _path(text: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("suite", choices=[*SUITE_NAMES, "all"], help="which suite to run (all: every one)")
+    parser.add_argument("suite", choices=[*SUITE_NAMES, *NAMED_ONLY, "all"],
+                        help=f"which suite to run (all: every one but {', '.join(NAMED_ONLY)})")
     parser.add_argument("--quick", action="store_true",
                         help="fewer steps, sizes and rounds (a check, not a measurement)")
     parser.add_argument("--out-dir", type=_path, default=Path("runs/bench"), help="JSON, plots and logs go here")

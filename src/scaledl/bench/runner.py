@@ -24,7 +24,8 @@ from scaledl.bench.common import Options
 
 # Suite name -> module in scaledl.bench, in the order `all` runs them.
 SUITES = {"overhead": "overhead", "scaling": "scaling", "comm": "comm", "memory": "memory",
-          "input": "input_pipeline", "metrics": "metrics_overhead", "synthetic": "synthetic"}
+          "input": "input_pipeline", "metrics": "metrics_overhead", "synthetic": "synthetic",
+          "predict": "prediction"}
 
 METHODOLOGY = (
     "Warm-up steps are excluded; the device is synchronized before every clock reading; each "

@@ -1,0 +1,130 @@
+"""Predict, then measure: the scaling model (scaledl.predict) against real multi-rank runs here.
+
+First the link is measured the way `scaledl bench comm` measures it: all-reduce times over
+message sizes on N ranks, fitted to alpha + beta n and read back to one ring link
+(scaledl.predict.link_from_fit).  Nothing below feeds back into that fit.  Then, for each
+setting (model width, micro batch, DDP bucket size, ZeRO stage: each moves the share of the
+step that is communication), the same variant runs on 1 rank (the single-device step the
+model takes as input) and on N ranks (what it must predict), under a real launcher.  The
+prediction is the 1-rank step plus the exposed communication of that strategy; the table gives
+predicted / measured for every setting and the headline their median and worst.
+DDP is predicted with overlap (what DDP does); the column without overlap is there to explain.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from scaledl import predict
+from scaledl.bench import stats
+from scaledl.bench.common import Options, headline, result, rounded
+from scaledl.bench.launch import run_worker
+from scaledl.bench.variants import launcher_for, transformer_sizes
+
+MEDIAN_TARGET, WORST_TARGET = 0.10, 0.25
+SMALL, MID, WIDE = "transformer:64,2,4,32", "transformer:256,2,4,32", "transformer:512,2,8,32"
+STRATEGY = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3", "fsdp": "fsdp2"}
+
+
+def settings(quick: bool) -> list[dict]:
+    """(variant, model, micro batch, DDP bucket MB): small to wide models, small to large batches."""
+    rows = [("ddp", SMALL, 8, None), ("ddp", MID, 8, None), ("ddp", MID, 32, None), ("ddp", MID, 8, 1.0),
+            ("zero2", MID, 8, None), ("zero3", MID, 8, None)]
+    if not quick:
+        rows += [("ddp", SMALL, 32, None), ("ddp", WIDE, 8, None), ("ddp", WIDE, 8, 5.0), ("zero1", MID, 8, None),
+                 ("zero3", WIDE, 8, None), ("fsdp", MID, 8, None)]
+    return [{"variant": v, "model": m, "micro_batch_size": b, "bucket_cap_mb": c} for v, m, b, c in rows]
+
+
+def fit_link(options: Options, ranks: int) -> tuple[predict.Link, dict]:
+    """All-reduce alpha-beta on `ranks` ranks (the comm suite's worker), read back to one link."""
+    sizes = [4096 * 8**i for i in range(5)]  # 4 KB to 16 MB: the gradients here are 0.5 to 25 MB
+    measured = run_worker("torchrun", ranks, "comm", [
+        "--sizes", *sizes, "--iters", options.pick(10, 20), "--warmup", 3, "--steps", 3, "--rounds", 1,
+        "--bucket-sizes-mb", 25.0], options.out_dir / "predict" / "collectives.json", threads=options.threads)
+    points = measured["collectives"]["allreduce"]
+    fit = stats.fit_alpha_beta([p["bytes"] for p in points], [stats.summary(p["laps"])["median"] for p in points])
+    return predict.link_from_fit(fit, ranks, f"all-reduce fit on {ranks} ranks ({measured['backend']})"), fit
+
+
+def measure(setting: dict, ranks: int, options: Options, index: int) -> dict:
+    launcher = launcher_for(setting["variant"], options.quick) if ranks > 1 else "python"
+    args = ["--variant", setting["variant"], "--model", setting["model"], "--steps", options.pick(10, 30),
+            "--warmup", options.pick(3, 5), "--micro-batch-size", setting["micro_batch_size"]]
+    if setting["bucket_cap_mb"] is not None:
+        args += ["--bucket-cap-mb", setting["bucket_cap_mb"]]
+    out = options.out_dir / "predict" / f"setting{index}-{setting['variant']}-{ranks}.json"
+    return run_worker(launcher, ranks, "steps", args, out, threads=options.threads)
+
+
+def label(setting: dict) -> str:
+    sizes = transformer_sizes(setting["model"])
+    bucket = f" bucket {setting['bucket_cap_mb']:g}MB" if setting["bucket_cap_mb"] is not None else ""
+    return f"{setting['variant']} w{sizes['width']} b{setting['micro_batch_size']}{bucket}"
+
+
+def run(options: Options) -> dict:
+    ranks = max(2, options.ranks)
+    link, fit = fit_link(options, ranks)
+    rows = []
+    for index, setting in enumerate(settings(options.quick)):
+        laps_1, laps_n = [], []
+        for _ in range(options.pick(1, 2)):  # 1 rank, then N ranks; full mode repeats the pair
+            a, b = measure(setting, 1, options, index), measure(setting, ranks, options, index)
+            laps_1 += a["laps"]
+            laps_n += b["laps"]
+        single_s, measured_s = stats.summary(laps_1)["median"], stats.summary(laps_n)["median"]
+        grad_bytes = a["num_params"] * 4
+        knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
+        strategy = STRATEGY[setting["variant"]]
+        predicted_s = predict.predict_step_s(strategy, single_s, grad_bytes, ranks, link, **knobs)
+        no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, grad_bytes, ranks, link, **knobs)
+                        if strategy == "ddp" else None)
+        rows.append({"setting": label(setting), "variant": setting["variant"], "model": setting["model"],
+                     "micro_batch_size": setting["micro_batch_size"], "bucket_cap_mb": setting["bucket_cap_mb"],
+                     "params": a["num_params"], "ranks": ranks, "single_ms": rounded(single_s * 1e3),
+                     "predicted_ms": rounded(predicted_s * 1e3), "measured_ms": rounded(measured_s * 1e3),
+                     "ratio": rounded(predicted_s / measured_s),
+                     "no_overlap_ms": rounded(no_overlap_s * 1e3) if no_overlap_s else None,
+                     "comm_share": rounded((predicted_s - single_s) / predicted_s)})
+    ratios = np.array([row["ratio"] for row in rows], np.float64)
+    median = float(np.median(ratios))
+    worst_row = max(rows, key=lambda row: abs(math.log(row["ratio"])))
+    worst = worst_row["ratio"]
+    met = abs(median - 1) <= MEDIAN_TARGET and abs(worst - 1) <= WORST_TARGET
+    text = (f"predicted/measured step time over {len(rows)} settings on {ranks} ranks: median {median:.3f}, "
+            f"worst {worst:.3f} ({worst_row['setting']}) (targets: median within {MEDIAN_TARGET:.0%}, worst within "
+            f"{WORST_TARGET:.0%}: {'met' if met else 'missed'})")
+    return result("predict", f"Predicted against measured step time on {ranks} ranks (link: {link.source})",
+                  ["setting", "params", "single_ms", "predicted_ms", "measured_ms", "ratio", "no_overlap_ms",
+                   "comm_share"], rows,
+                  headline("predicted/measured step time (median)", median,
+                           f"median within {MEDIAN_TARGET:.0%}, worst within {WORST_TARGET:.0%}", met, text=text),
+                  link={"alpha_s": rounded(link.alpha_s), "bandwidth_Bps": rounded(link.bandwidth_Bps),
+                        "allreduce_fit": {k: rounded(v) for k, v in fit.items()}},
+                  notes=["single_ms: the same variant on 1 rank (the model's input); predicted_ms: single_ms plus "
+                         "the exposed communication (scaledl.predict); ratio = predicted / measured.",
+                         f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
+                         f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit alone."],
+                  median=median, worst=worst, threads=options.threads)
+
+
+def plot(data: dict, fig) -> None:
+    ax = fig.subplots()
+    rows = data["rows"]
+    measured = [row["measured_ms"] for row in rows]
+    predicted = [row["predicted_ms"] for row in rows]
+    grid = np.geomspace(min(measured + predicted) * 0.7, max(measured + predicted) * 1.4, 10)
+    ax.plot(grid, grid, color="gray", lw=0.8, label="predicted = measured")
+    ax.fill_between(grid, grid * (1 - WORST_TARGET), grid * (1 + WORST_TARGET), color="tab:orange", alpha=0.15,
+                    label=f"within {WORST_TARGET:.0%}")
+    ax.fill_between(grid, grid * (1 - MEDIAN_TARGET), grid * (1 + MEDIAN_TARGET), color="tab:green", alpha=0.2,
+                    label=f"within {MEDIAN_TARGET:.0%}")
+    for row in rows:
+        ax.plot(row["measured_ms"], row["predicted_ms"], "o", color="tab:blue")
+        ax.annotate(row["setting"], (row["measured_ms"], row["predicted_ms"]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="measured ms per step", ylabel="predicted ms per step",
+           title=f"{rows[0]['ranks']} ranks: median ratio {data['median']:.3f}, worst {data['worst']:.3f}")
+    ax.legend(fontsize=8, loc="upper left")
