@@ -1,0 +1,156 @@
+"""scaledl.predict's formulas against hand-computed cases, `scaledl predict` at its boundary, and a
+real quick run of `scaledl bench predict` (its numbers' shape, never its accuracy)."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run, tool
+from scaledl import predict
+
+MIB = 2**20
+LINK = predict.Link(alpha_s=1e-5, bandwidth_Bps=1e9)
+BANDWIDTH_ONLY = predict.Link(alpha_s=0.0, bandwidth_Bps=1e9)
+
+
+def test_ring_collectives_by_hand():
+    # 4 ranks, 1 MB: all-reduce 2*3 alpha + 2*3/4 * 1e6 / 1e9 = 60 us + 1500 us.
+    assert predict.allreduce_s(1e6, 4, LINK) == pytest.approx(1.56e-3)
+    # Reduce-scatter and all-gather are each half of it: 3 alpha + 3/4 * 1e6 / 1e9.
+    assert predict.reduce_scatter_s(1e6, 4, LINK) == pytest.approx(7.8e-4)
+    assert predict.all_gather_s(1e6, 4, LINK) == pytest.approx(7.8e-4)
+    assert predict.allreduce_s(1e6, 1, LINK) == 0.0 and predict.reduce_scatter_s(0, 4, LINK) == 0.0
+
+
+def test_zero_volumes_two_and_three_psi():
+    # Stages 1-2 move what all-reduce moves (2 Psi); stage 3 and FSDP2 gather once more (3 Psi).
+    for stage in ("zero1", "zero2"):
+        assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(1.56e-3)
+    for stage in ("zero3", "fsdp2"):
+        assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(3 * 7.8e-4)
+
+
+def test_ddp_buckets_with_and_without_overlap():
+    # 60 MiB in 25 MiB buckets: 25, 25, 10 MiB; 2 ranks, no latency: each costs bytes / 1e9 s.
+    assert predict.chunks(60 * MIB, 25 * MIB) == [25 * MIB, 25 * MIB, 10 * MIB]
+    total, last = 60 * MIB / 1e9, 10 * MIB / 1e9
+    assert predict.exposed_comm_s("ddp_no_overlap", 60 * MIB, 2, BANDWIDTH_ONLY, 0.05) == pytest.approx(total)
+    # Overlapped: what did not fit under a 50 ms backward (62.9 - 50 ms) beats the last bucket (10.5 ms).
+    assert predict.exposed_comm_s("ddp", 60 * MIB, 2, BANDWIDTH_ONLY, 0.05) == pytest.approx(total - 0.05)
+    # A 100 ms backward hides all but the last bucket.
+    assert predict.exposed_comm_s("ddp", 60 * MIB, 2, BANDWIDTH_ONLY, 0.1) == pytest.approx(last)
+    # The default backward share is 2/3 of the step: 90 ms -> 60 ms of backward, 2.9 ms left over < last.
+    assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, BANDWIDTH_ONLY) == pytest.approx(0.09 + last)
+
+
+def test_horovod_fusion_and_cycle():
+    # 60 MiB under the 128 MiB default threshold: one fused all-reduce, plus half a 1 ms cycle.
+    assert predict.exposed_comm_s("horovod", 60 * MIB, 2, BANDWIDTH_ONLY, 0.05) == pytest.approx(
+        60 * MIB / 1e9 + 0.5e-3)
+    # A 30 MiB threshold: two messages of 31.9 ms each; 63.9 - 50 ms is left over, less than the last one.
+    assert predict.exposed_comm_s("horovod", 60 * MIB, 2, BANDWIDTH_ONLY, 0.05, fusion_bytes=30 * MIB) == \
+        pytest.approx(30 * MIB / 1e9 + 0.5e-3)
+
+
+def test_pipeline_bubble():
+    assert predict.bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert predict.pipeline_step_s(1.0, 4, 8) == pytest.approx(0.25 * 11 / 8)
+    assert predict.bubble_fraction(1, 8) == 0.0
+
+
+def test_two_levels_the_slower_link_dominates():
+    assert predict.link_for(4, predict.POLARIS) == predict.POLARIS.intra
+    beyond = predict.link_for(8, predict.POLARIS)
+    assert beyond.bandwidth_Bps == 50e9 and beyond.alpha_s == 10e-6
+    rows = predict.table(0.1, 10**8, predict.POLARIS, ranks=(4, 8), strategies=("ddp_no_overlap",),
+                         bucket_bytes=4e8)  # one bucket: one all-reduce of all 4e8 gradient bytes
+    assert [row["nodes"] for row in rows] == [1, 2]
+    assert rows[0]["comm_ms"] == pytest.approx(predict.allreduce_s(4e8, 4, predict.POLARIS.intra) * 1e3)
+    assert rows[1]["comm_ms"] == pytest.approx(predict.allreduce_s(4e8, 8, beyond) * 1e3)
+
+
+def test_link_from_fit_reads_the_ring_back():
+    # A fit on 4 ranks of t = 6 alpha + 1.5 n / B gives back alpha and B.
+    fit = {"alpha_s": 6 * LINK.alpha_s, "beta_s_per_byte": 1.5 / LINK.bandwidth_Bps}
+    found = predict.link_from_fit(fit, 4)
+    assert found.alpha_s == pytest.approx(LINK.alpha_s) and found.bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps)
+
+
+def test_table_and_figure_for_the_lessons():
+    rows, fig = predict.predict(0.05, 10**9, "polaris", measured=[{"strategy": "zero3", "nodes": 2, "efficiency": 0.5}],
+                                ranks=(1, 4, 8), strategies=("ddp", "zero3"))
+    assert len(rows) == 6 and all(row["efficiency"] == 1.0 for row in rows if row["ranks"] == 1)
+    assert all(0 < row["efficiency"] < 1 for row in rows if row["ranks"] > 1)
+    assert len(fig.axes[0].lines) >= 3
+
+
+def scaledl_predict(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "scaledl.cli", "predict", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def write_comm(path, alpha_s=3e-4, beta=1e-9, ranks=2):
+    path.write_text(json.dumps({"suite": "comm", "ranks": ranks,
+                                "fits": {"allreduce": {"alpha_s": alpha_s, "beta_s_per_byte": beta}}}))
+    return path
+
+
+def test_cli_from_a_comm_fit(tmp_path):
+    comm = write_comm(tmp_path / "comm.json")
+    done = scaledl_predict("--comm-json", comm, "--step-ms", 40, "--params", 1.5e6, "--ranks", 1, 2,
+                           "--strategy", "ddp", "zero3", "--json", tmp_path / "out" / "rows.json",
+                           "--plot", tmp_path / "out" / "eff.png")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "out" / "rows.json").read_text())["rows"]
+    link = predict.link_from_fit({"alpha_s": 3e-4, "beta_s_per_byte": 1e-9}, 2)
+    assert rows == predict.table(0.04, 1_500_000, link=link, ranks=[1, 2], strategies=("ddp", "zero3"))
+    assert (tmp_path / "out" / "eff.png").stat().st_size > 0 and "zero3" in done.stdout
+
+
+BAD = [
+    (["--system", "polaris", "--step-ms", 0, "--params", 1e9], "--step-ms"),
+    (["--system", "polaris", "--step-ms", "nan", "--params", 1e9], "--step-ms"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e9, "--ranks", 0], "--ranks"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e9, "--backward-fraction", 1], "--backward-fraction"),
+    (["--system", "polaris", "--comm-json", "x.json", "--step-ms", 5, "--params", 1e9], "--comm-json"),
+    (["--alpha-us", 5, "--step-ms", 5, "--params", 1e9], "--bandwidth-gbps"),
+    (["--alpha-us", 5, "--bandwidth-gbps", 1, "--step-ms", 5, "--params", 1e9, "--nodes", 2], "--nodes"),
+    (["--comm-json", "missing.json", "--step-ms", 5, "--params", 1e9], "missing.json"),
+    (["--comm-json", "notjson.json", "--step-ms", 5, "--params", 1e9], "not JSON"),
+    (["--comm-json", "nofit.json", "--step-ms", 5, "--params", 1e9], "no all-reduce fit"),
+    (["--system", "aurora", "--step-json", "nofit.json", "--params", 1e9], "--step-json"),
+    (["--system", "aurora", "--step-ms", 5, "--model", "transformer:1,2"], "--model"),
+    (["--system", "aurora", "--step-ms", 5, "--params", 1e9, "--plot", "out/eff.txt"], "--plot"),
+    (["--system", "aurora", "--step-ms", 5, "--params", 1e9, "--strategy", "magic"], "--strategy"),
+]
+
+
+@pytest.mark.parametrize("args, named", BAD, ids=[named for _, named in BAD])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, named):
+    (tmp_path / "notjson.json").write_text("{ not json")
+    (tmp_path / "nofit.json").write_text(json.dumps({"suite": "comm", "ranks": 2, "fits": {}}))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    done = scaledl_predict(*args, "--json", "out/rows.json", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.strip().count("\n") == 0 and named in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.slow
+def test_quick_bench_predict_runs_for_real(tmp_path):
+    output = run([tool("scaledl"), "bench", "predict", "--quick", "--out-dir", str(tmp_path)], timeout=600,
+                 cwd=ROOT).stdout
+    data = json.loads((tmp_path / "predict.json").read_text())
+    assert "error" not in data, data.get("traceback")
+    assert {row["variant"] for row in data["rows"]} >= {"ddp", "zero2", "zero3"}
+    for row in data["rows"]:
+        for key in ("single_ms", "predicted_ms", "measured_ms", "ratio"):
+            assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        assert row["ratio"] == pytest.approx(row["predicted_ms"] / row["measured_ms"], rel=2e-3)
+        assert row["predicted_ms"] >= row["single_ms"] and row["ranks"] == 2
+    assert data["link"]["alpha_s"] >= 0 and data["link"]["bandwidth_Bps"] > 0
+    last = [line for line in output.splitlines() if line.startswith(("headline:", "wrote"))]
+    assert last[0] == f"headline: {data['headline']['text']}" and "median" in last[0] and "worst" in last[0]
+    assert (tmp_path / "predict.png").stat().st_size > 0
