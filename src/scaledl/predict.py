@@ -64,15 +64,17 @@ class System:
 
 
 # Polaris (docs.alcf.anl.gov/polaris/hardware-overview/machine-overview): 4 A100 per node
-# "connected via NVLink", the A100 HGX column lists "NVLink 600 GB/s" (both directions: 300 GB/s
-# each way), and "a pair of Slingshot 11 network adapters"; a Slingshot port runs at 200 Gb/s
+# "connected via NVLink", "NVLink 600 GB/s" per A100 (both directions, 12 links of 25 GB/s each way),
+# and the affinity table shows NV4 between every pair: a ring's edge (one pair) carries 4 x 25 GB/s
+# each way.  Between nodes, "a pair of Slingshot 11 network adapters"; a Slingshot port runs at 200 Gb/s
 # = 25 GB/s (alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node
 # injects 2 x 25 GB/s.  Nominal peaks, not measured; the alphas are nominal too (order of an NCCL
 # ring step on NVLink and of a Slingshot MPI latency), so replace both with a `scaledl bench comm`
 # fit taken on the nodes when you have one.
 POLARIS = System(
     "polaris", 4,
-    Link(5e-6, 300e9, "NVLink 600 GB/s bidirectional per A100 (ALCF Polaris machine overview); alpha nominal"),
+    Link(5e-6, 100e9, "NV4 between each pair of A100s, 4 x 25 GB/s each way (ALCF Polaris machine overview); "
+                      "alpha nominal"),
     Link(10e-6, 2 * 25e9, "2 Slingshot 11 NICs x 200 Gb/s per node (ALCF Polaris machine overview, "
                           "ALCF Slingshot page); alpha nominal"),
     "https://docs.alcf.anl.gov/polaris/hardware-overview/machine-overview")
