@@ -154,3 +154,11 @@ def test_quick_bench_predict_runs_for_real(tmp_path):
     last = [line for line in output.splitlines() if line.startswith(("headline:", "wrote"))]
     assert last[0] == f"headline: {data['headline']['text']}" and "median" in last[0] and "worst" in last[0]
     assert (tmp_path / "predict.png").stat().st_size > 0
+    # The suite's JSON feeds `scaledl predict`: its fit and first step give back its first prediction.
+    first = data["rows"][0]
+    done = scaledl_predict("--comm-json", tmp_path / "predict.json", "--step-json", tmp_path / "predict.json",
+                           "--model", first["model"], "--ranks", 2, "--strategy", first["variant"],
+                           "--json", tmp_path / "again.json")
+    assert done.returncode == 0, done.stderr
+    again = json.loads((tmp_path / "again.json").read_text())["rows"]
+    assert again[-1]["step_ms"] == pytest.approx(first["predicted_ms"], rel=5e-3)

@@ -5,8 +5,8 @@
 
 The single-device step comes from --step-ms or a benchmark's JSON (`scaledl bench overhead`:
 the plain loop's step; `scaledl bench predict`: its first setting's); the link from a system
-preset, a `scaledl bench comm` fit (its all-reduce alpha-beta, read back to one link), or
---alpha-us with --bandwidth-gbps.  Every flag is checked before anything is written.
+preset, a `scaledl bench comm` or `bench predict` fit (its all-reduce alpha-beta, read back to
+one link), or --alpha-us with --bandwidth-gbps.  Every flag is checked before anything is written.
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def resolve(args) -> dict:
 
 def run(args) -> int:
     from scaledl.bench.runner import text_table
-    from scaledl.output_paths import OutputPathError
+    from scaledl.output_paths import OutputPathError, describe_os_error
 
     try:
         inputs = resolve(args)
@@ -187,11 +187,16 @@ def run(args) -> int:
           f"({(where.source if inputs['system'] else '')})".replace(" ()", ""))
     shown = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()} for row in rows]
     print(text_table(list(shown[0]), shown))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        shared = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in inputs.items()}
-        args.json.write_text(json.dumps({"inputs": shared, "rows": rows}, indent=1) + "\n")
-    if args.plot:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        predict.figure(rows).savefig(args.plot, dpi=100)
+    try:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            shared = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in inputs.items()}
+            args.json.write_text(json.dumps({"inputs": shared, "rows": rows}, indent=1) + "\n")
+        if args.plot:
+            args.plot.parent.mkdir(parents=True, exist_ok=True)
+            predict.figure(rows).savefig(args.plot, dpi=100)
+    except OSError as error:  # a path that passed the checks and still refused the write (a special file system)
+        print(f"scaledl predict: error: {describe_os_error(error, error.filename or args.json or args.plot)}",
+              file=sys.stderr)
+        return 2
     return 0

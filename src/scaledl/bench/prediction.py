@@ -107,6 +107,8 @@ def run(options: Options) -> dict:
                          "the exposed communication (scaledl.predict); ratio = predicted / measured.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
                          f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit alone."],
+                  # the comm suite's shape too, so `scaledl predict --comm-json predict.json` reads the fit
+                  fits={"allreduce": {k: rounded(v) for k, v in fit.items()}}, ranks=ranks,
                   median=median, worst=worst, threads=options.threads)
 
 
