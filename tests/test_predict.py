@@ -32,6 +32,13 @@ def test_zero_volumes_two_and_three_psi():
         assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(3 * 7.8e-4)
 
 
+def test_zero3_gathers_per_unit_pay_the_latency_per_unit():
+    # 4 units: the same bytes, 4 latencies per pass: 7.8e-4 + 2 * 4 * (3 alpha + 3/4 * 2.5e5 / 1e9).
+    assert predict.exposed_comm_s("zero3", 1e6, 4, LINK, 0.0, gathers=4) == pytest.approx(7.8e-4 + 8 * 2.175e-4)
+    assert predict.exposed_comm_s("zero3", 1e6, 4, BANDWIDTH_ONLY, 0.0, gathers=4) == pytest.approx(
+        predict.exposed_comm_s("zero3", 1e6, 4, BANDWIDTH_ONLY, 0.0))
+
+
 def test_ddp_buckets_with_and_without_overlap():
     # 60 MiB in 25 MiB buckets: 25, 25, 10 MiB; 2 ranks, no latency: each costs bytes / 1e9 s.
     assert predict.chunks(60 * MIB, 25 * MIB) == [25 * MIB, 25 * MIB, 10 * MIB]

@@ -22,7 +22,10 @@ The model (each formula below cites where it comes from):
   gradient waits on average half a cycle before its cycle starts.
 * ZeRO stages 1 and 2 move 2 Psi bytes per rank, as all-reduce does (a reduce-scatter of the
   gradients, an all-gather of the updated parameters); stage 3 and FSDP2 gather the parameters
-  again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).
+  again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).  They gather one
+  unit at a time (FSDP2: each `fully_shard` module; DeepSpeed stage 3: each submodule holding
+  parameters, fetched by its PartitionedParameterCoordinator), so with `gathers` units the
+  bytes are the same but the latency is paid `gathers` times per pass.
 * Pipeline with p stages and m micro batches: the bubble is (p-1)/(m+p-1) of the step
   (Huang et al., "GPipe", NeurIPS 2019, sec. 2.3; Narayanan et al., SC 2021, sec. 2.2.1).
 * Backward takes 2/3 of forward+backward unless measured: a layer's backward costs two matmuls
@@ -136,7 +139,7 @@ def bucketed_s(messages: list[float], ranks: int, link: Link, backward_s: float,
 
 def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, backward_s: float,
                    bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
-                   cycle_s: float = HOROVOD_CYCLE_S) -> float:
+                   cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1) -> float:
     """Seconds per step that communication adds to the single-device step, for one strategy."""
     if strategy in ("ddp", "ddp_no_overlap"):
         return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s, strategy == "ddp")
@@ -145,8 +148,8 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
                           cycle_s / 2 if ranks > 1 else 0.0)
     if strategy in ("zero1", "zero2"):  # 2 Psi: reduce-scatter gradients, all-gather parameters
         return reduce_scatter_s(grad_bytes, ranks, link) + all_gather_s(grad_bytes, ranks, link)
-    if strategy in ("zero3", "fsdp2"):  # 3 Psi: parameters gathered for forward and again for backward
-        return reduce_scatter_s(grad_bytes, ranks, link) + 2 * all_gather_s(grad_bytes, ranks, link)
+    if strategy in ("zero3", "fsdp2"):  # 3 Psi: parameters gathered for forward and again for backward, per unit
+        return reduce_scatter_s(grad_bytes, ranks, link) + 2 * gathers * all_gather_s(grad_bytes / gathers, ranks, link)
     raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
 
 

@@ -77,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-mb", type=_positive(float), default=25.0, help="DDP bucket_cap_mb")
     parser.add_argument("--fusion-mb", type=_positive(float), default=128.0, help="Horovod fusion threshold, MiB")
     parser.add_argument("--cycle-ms", type=_non_negative, default=1.0, help="Horovod cycle time, ms")
+    parser.add_argument("--gathers", type=_positive(int), default=1,
+                        help="ZeRO-3/FSDP2: units gathered one at a time per pass (layers or modules)")
     parser.add_argument("--micro-batches", type=_positive(int), default=8, help="pipeline micro batches per step")
     parser.add_argument("--plot", type=Path, help="write the efficiency figure here (.png)")
     parser.add_argument("--json", type=Path, help="write the rows here")
@@ -177,7 +179,7 @@ def run(args) -> int:
         print(f"scaledl predict: error: {error}", file=sys.stderr)
         return 2
     knobs = {"bucket_bytes": args.bucket_mb * 2**20, "fusion_bytes": args.fusion_mb * 2**20,
-             "cycle_s": args.cycle_ms / 1e3}
+             "cycle_s": args.cycle_ms / 1e3, "gathers": args.gathers}
     rows = predict.table(inputs["step_s"], inputs["num_params"], inputs["system"], inputs["link"], inputs["ranks"],
                          tuple(args.strategy), args.bytes_per_param, backward_fraction=args.backward_fraction,
                          micro_batches=args.micro_batches, **knobs)

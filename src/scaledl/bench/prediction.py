@@ -58,6 +58,18 @@ def measure(setting: dict, ranks: int, options: Options, index: int) -> dict:
     return run_worker(launcher, ranks, "steps", args, out, threads=options.threads)
 
 
+def gather_units(model_name: str, variant: str) -> int:
+    """What is gathered one at a time, counted from the model's structure (not fitted to any step
+    time): DeepSpeed's stage 3 fetches each module holding parameters of its own; the FSDP2 rung
+    shards each top-level layer with weights (scaledl.ladder.fsdp.wrap)."""
+    from scaledl.bench.variants import model_and_batch
+
+    model, _, _ = model_and_batch("cpu", 1, 0, 0, model_name)
+    if variant == "fsdp":
+        return sum(1 for layer in model if any(True for _ in layer.parameters()))
+    return sum(1 for module in model.modules() if any(True for _ in module.parameters(recurse=False)))
+
+
 def label(setting: dict) -> str:
     sizes = transformer_sizes(setting["model"])
     bucket = f" bucket {setting['bucket_cap_mb']:g}MB" if setting["bucket_cap_mb"] is not None else ""
@@ -77,6 +89,8 @@ def run(options: Options) -> dict:
         single_s, measured_s = stats.summary(laps_1)["median"], stats.summary(laps_n)["median"]
         grad_bytes = a["num_params"] * 4
         knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
+        if setting["variant"] in ("zero3", "fsdp"):
+            knobs["gathers"] = gather_units(setting["model"], setting["variant"])
         strategy = STRATEGY[setting["variant"]]
         predicted_s = predict.predict_step_s(strategy, single_s, grad_bytes, ranks, link, **knobs)
         no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, grad_bytes, ranks, link, **knobs)
