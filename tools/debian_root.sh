@@ -6,7 +6,7 @@
 #   bash tools/debian_root.sh [ROOT]        (as root; ROOT defaults to /var/tmp/scaledl-trixie)
 #
 # pip inside the root ignores this machine's pip configuration and local wheels, so it takes
-# PyPI's torch (the CUDA build, several GB).  /proc and /dev are bind-mounted for the run and
+# PyPI's torch (the CUDA build, several GB).  /proc, /sys and /dev are bind-mounted for the run and
 # unmounted when it ends, also on failure or Ctrl-C.  Logs: ROOT/scaledl-*.log.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +21,7 @@ if [ -e "$root" ] && [ ! -d "$root" ]; then fail "ROOT=$root is a file, not a fo
 
 # shellcheck disable=SC2329  # called by the EXIT trap
 unmount() {
-    for point in "$root/dev" "$root/proc"; do
+    for point in "$root/dev" "$root/sys" "$root/proc"; do
         if mountpoint -q "$point" 2>/dev/null; then umount -l "$point" || true; fi
     done
 }
@@ -41,6 +41,7 @@ fi
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 mount --bind /proc "$root/proc"
+mount --bind /sys "$root/sys"  # lscpu reads it (DeepSpeed's build asks it for the CPU)
 mount --bind /dev "$root/dev"
 
 rm -rf "$root/src"

@@ -76,7 +76,7 @@ def check_frameworks() -> list[Finding]:
         # of the user's written for Horovod's Keras API would train each rank alone, silently.
         found.append(info(f"tensorflow {tf} brings Keras 3: Horovod's Keras API (hvd.keras.DistributedOptimizer, "
                           "its callbacks) does not average there; average in a train step of your own, as "
-                          "scaledl.ladder.horovod_tf.AveragingModel does"))
+                          "scaledl.horovod_keras_fit.AveragingModel does"))
     return found
 
 
