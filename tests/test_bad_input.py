@@ -381,6 +381,21 @@ def test_a_busy_port_under_horovodrun_is_the_main_ranks_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
+def test_adasum_on_gloo_is_one_line_that_names_mpi(tmp_path):
+    # Horovod 0.28.1 has Adasum operations for MPI only; on Gloo every rank's first all-reduce fails
+    # with "No Adasum operation enabled", which is not a lost peer.
+    command = launchers.horovodrun(2, "scaledl.ladder.horovod_torch", ["--epochs", "1", "--adasum", "--train-limit",
+                                                                       "256", "--out-dir", str(tmp_path / "out")])
+    result = subprocess.run(command, capture_output=True, text=True, env=launchers.local_env(2, clean_env()),
+                            timeout=240)
+    assert result.returncode != 0
+    ranks = [line for line in (result.stdout + result.stderr).splitlines() if "<stderr>:" in line]
+    errors = [line for line in ranks if ": error: " in line]
+    assert errors and all("Adasum runs over MPI only" in line and "mpirun" in line for line in errors), ranks
+    assert not any("is gone" in line for line in ranks), ranks
+
+
 # -- every command checks the flags and paths it takes, or passes on, before it does anything ------
 
 def command_rows(a_file: Path) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tool
-from scaledl import doctor
+from scaledl import doctor, systems
 
 
 def clean_env(**extra):
@@ -73,7 +73,7 @@ def test_mpi4py_built_for_another_mpi_than_mpiexec_is_a_problem(tmp_path):
 def test_polaris_without_the_nccl_plugin_is_a_problem(tmp_path):
     findings = doctor.check_comm_env("polaris", {"LD_LIBRARY_PATH": str(tmp_path), "NCCL_CROSS_NIC": "0"})
     [plugin] = [f for f in findings if f.level == "problem"]
-    assert "libnccl-net.so" in plugin.text and "module load conda" in plugin.fix
+    assert "libnccl-net.so" in plugin.text and "LD_LIBRARY_PATH" in plugin.fix and "unset NCCL_NET" in plugin.fix
     cross_nic = next(f for f in findings if f.text.startswith("NCCL_CROSS_NIC"))
     assert cross_nic.level == "info" and "recommended '1'" in cross_nic.text
     (tmp_path / "libnccl-net.so").write_bytes(b"")
@@ -81,6 +81,21 @@ def test_polaris_without_the_nccl_plugin_is_a_problem(tmp_path):
     assert not [f for f in findings if f.level == "problem"]
     plugin = ok_text(findings, "NCCL's network plugin")
     assert plugin == f"NCCL's network plugin (aws-ofi-nccl): {tmp_path}/libnccl-net.so"
+
+
+def test_polaris_with_the_plugin_only_in_alcfs_folder_is_what_scaledl_launch_adds(tmp_path, monkeypatch):
+    # As on a Polaris node whose LD_LIBRARY_PATH lacks the plugin: ALCF's folder has it, and
+    # scaledl launch puts that folder first.
+    alcf = tmp_path / "aws-ofi-nccl" / "lib"
+    alcf.mkdir(parents=True)
+    (alcf / "libnccl-net.so").write_bytes(b"")
+    monkeypatch.setattr(systems, "POLARIS_NCCL_PLUGIN_FOLDERS", (str(alcf), str(tmp_path / "hwloc")))
+    findings = doctor.check_comm_env("polaris", {"LD_LIBRARY_PATH": "/usr/lib"})
+    assert not [f for f in findings if f.level == "problem"]
+    [note] = [f.text for f in findings if "network plugin" in f.text]
+    assert f"export LD_LIBRARY_PATH={alcf}:$LD_LIBRARY_PATH" in note and "scaledl launch" in note
+    # Someone else's NCCL_NET (sockets) needs no plugin at all.
+    assert not [f for f in doctor.check_comm_env("polaris", {"NCCL_NET": "Socket"}) if "network plugin" in f.text]
 
 
 def ok_text(findings, start):

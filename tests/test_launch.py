@@ -11,7 +11,7 @@ import pytest
 from conftest import tool
 from scaledl import launchers
 from scaledl.cli import main
-from scaledl.launch import Target, build_plan, parse_target
+from scaledl.launch import Target, build_plan, describe, parse_target
 from scaledl.launch_env import LaunchError
 from scaledl.sharding import worker_context
 from scaledl.systems import AURORA_COMM_ENV, POLARIS_COMM_ENV, POLARIS_GPU_BIND, detect_system, task_plugin_binds_cpus
@@ -55,8 +55,29 @@ def test_polaris_one_node(tmp_path):
                             "--hostfile", env["PBS_NODEFILE"], "--env", "OMP_NUM_THREADS=8",
                             "bash", "-c", POLARIS_GPU_BIND, "gpu-bind",
                             "python", "-m", "scaledl.ladder.ddp", "--epochs", "1"]
-    assert plan.env == {p.name: p.value for p in POLARIS_COMM_ENV}
+    plugin = {"LD_LIBRARY_PATH": "/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib"}
+    assert plan.env == {**{p.name: p.value for p in POLARIS_COMM_ENV}, **plugin}
     assert plan.env["NCCL_NET"] == "AWS Libfabric"
+
+
+def test_polaris_puts_the_nccl_plugin_first_on_the_library_path_only_where_it_is_missing(tmp_path):
+    # NCCL_NET='AWS Libfabric' fails every communicator if libnccl-net.so cannot be loaded.
+    job = polaris_job(tmp_path, 2)
+    plan = build_plan(8, DDP, env={**job, "LD_LIBRARY_PATH": "/opt/cray/lib64"}, hostname="x3005c0s13b0n0")
+    assert plan.env["LD_LIBRARY_PATH"] == ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib:"
+                                           "/opt/cray/lib64")
+    [line] = [line for line in describe(plan).splitlines() if line.startswith("export LD_LIBRARY_PATH=")]
+    assert line.startswith("export LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:"
+                           "/soft/libraries/hwloc/lib:$LD_LIBRARY_PATH  # the aws-ofi-nccl plugin"), line
+    # A plugin already on the path (the module's, or the user's own build) is left alone.
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "libnccl-net.so").write_bytes(b"")
+    has_one = {**job, "LD_LIBRARY_PATH": f"/opt/cray/lib64:{tmp_path / 'plugin'}"}
+    assert "LD_LIBRARY_PATH" not in build_plan(8, DDP, env=has_one, hostname="x3005c0s13b0n0").env
+    # So is a job that asks NCCL for another network, or for no presets at all.
+    sockets = {**job, "NCCL_NET": "Socket"}
+    assert "LD_LIBRARY_PATH" not in build_plan(8, DDP, env=sockets, hostname="x3005c0s13b0n0").env
+    assert build_plan(8, DDP, env=job, hostname="x3005c0s13b0n0", comm_env=False).env == {}
 
 
 def test_polaris_two_nodes_keeps_what_the_user_set(tmp_path):

@@ -40,6 +40,10 @@ fi
 # The root must trust what this machine trusts (a TLS proxy's certificate, if any), or pip fails.
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# An installed Debian resolves its own name (the installer writes "127.0.1.1 <hostname>" to
+# /etc/hosts); debootstrap's root does not, and the chroot shares this machine's hostname.
+name=$(hostname)
+grep -qw -- "$name" "$root/etc/hosts" 2>/dev/null || printf '127.0.1.1\t%s\n' "$name" >> "$root/etc/hosts"
 mount --bind /proc "$root/proc"
 mount --bind /sys "$root/sys"  # lscpu reads it (DeepSpeed's build asks it for the CPU)
 mount --bind /dev "$root/dev"
@@ -50,6 +54,8 @@ git clone -q "$here" "$root/src"
 (cd "$here" && git diff HEAD) > "$root/src/.uncommitted.diff"
 if [ -s "$root/src/.uncommitted.diff" ]; then (cd "$root/src" && git apply .uncommitted.diff); fi
 rm -f "$root/src/.uncommitted.diff"
+(cd "$here" && git ls-files --others --exclude-standard -z) |
+    (cd "$here" && xargs -0 -r cp --parents -t "$root/src")  # new files not yet committed
 in_root() { chroot "$root" env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
                 LANG=C.UTF-8 TERM=dumb bash -c "cd /src && $1"; }
 log "$(in_root 'python3 --version')"

@@ -130,7 +130,30 @@ def _mpi_rendezvous(info: LaunchEnv) -> tuple[str, int]:
 def find_job(env=None) -> LaunchEnv:
     """This process's rank, local rank, world size and rank 0's address, from whichever launcher
     started it (torchrun, mpiexec, srun, horovodrun, deepspeed, or none)."""
-    return detect(env)
+    job = detect(env)
+    problem = gloo_host_problem(os.environ if env is None else env)
+    if problem:
+        raise LaunchError(problem)
+    return job
+
+
+def gloo_host_problem(env, hostname: str | None = None) -> str | None:
+    """Why Horovod's Gloo cannot start on this host, or None.
+
+    Under horovodrun's Gloo controller with no interface named (HOROVOD_GLOO_IFACE), Gloo finds
+    this host's address by its name, and Horovod 0.28.1's vendored Gloo only checks getaddrinfo for
+    -1 (gloo/transport/tcp/device.cc, lookupAddrForHostname): a name that does not resolve
+    (EAI_NONAME is -2) makes every rank crash with a segmentation fault in hvd.init()."""
+    if "horovod" not in sys.modules or "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env or env.get("HOROVOD_GLOO_IFACE"):
+        return None  # not Horovod's Gloo, or Gloo told which interface to use
+    hostname = hostname or socket.gethostname()
+    try:
+        socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except OSError as error:
+        return (f"this host's name {hostname!r} does not resolve ({error.strerror or error}), and Horovod's Gloo "
+                f"crashes then: add it to /etc/hosts (127.0.1.1 {hostname}), or name an interface: horovodrun "
+                "--network-interface lo (one node) or HOROVOD_GLOO_IFACE=<interface>")
+    return None
 
 
 def rendezvous(job: LaunchEnv, timeout_s: float = 600, env=None) -> dict:

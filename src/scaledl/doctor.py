@@ -20,7 +20,8 @@ from typing import Mapping
 
 from scaledl import binding, launchers
 from scaledl.errors import UserError
-from scaledl.systems import RESERVED_CPUS, SYSTEMS, detect_system
+from scaledl.systems import (NCCL_PLUGIN_FILE, POLARIS_NCCL_PLUGIN_FOLDERS, RESERVED_CPUS, SYSTEMS, detect_system,
+                             nccl_plugin_folder, polaris_plugin_path)
 
 FRAMEWORKS = {  # distribution -> (rungs that need it, extra to install)
     "torch": ("every PyTorch rung", "torch"),
@@ -320,15 +321,21 @@ def check_comm_env(system: str, env: Mapping[str, str]) -> list[Finding]:
         else:
             found.append(info(f"{preset.name}={current}, recommended {preset.value!r} ({preset.why}; {preset.docs})"))
     if system == "polaris" and env.get("NCCL_NET", "AWS Libfabric") == "AWS Libfabric":
-        folders = [f for f in env.get("LD_LIBRARY_PATH", "").split(":") if f]
-        plugins = [Path(f, "libnccl-net.so") for f in folders if Path(f, "libnccl-net.so").exists()]
-        if plugins:
-            found.append(ok(f"NCCL's network plugin (aws-ofi-nccl): {plugins[0]}"))
+        folder = nccl_plugin_folder(env)
+        with_plugin = polaris_plugin_path(env)
+        if folder:
+            found.append(ok(f"NCCL's network plugin (aws-ofi-nccl): {Path(folder, NCCL_PLUGIN_FILE)}"))
+        elif with_plugin and nccl_plugin_folder({"LD_LIBRARY_PATH": with_plugin.value}):
+            folder = with_plugin.value.split(":")[0]
+            found.append(info(f"NCCL's network plugin is on no LD_LIBRARY_PATH folder: scaledl launch and "
+                              f"engines.start() put ALCF's {folder} first; an mpiexec line of your own needs "
+                              f"export LD_LIBRARY_PATH={folder}:$LD_LIBRARY_PATH"))
         else:
-            found.append(problem("NCCL_NET='AWS Libfabric' needs the aws-ofi-nccl plugin (libnccl-net.so), "
-                                 "which is on no LD_LIBRARY_PATH folder: NCCL will fail to start between nodes",
-                                 "module load conda (it adds the plugin), or prepend the plugin's lib folder "
-                                 "to LD_LIBRARY_PATH"))
+            found.append(problem(f"NCCL_NET='AWS Libfabric' needs the aws-ofi-nccl plugin ({NCCL_PLUGIN_FILE}), "
+                                 f"which is neither on LD_LIBRARY_PATH nor in {POLARIS_NCCL_PLUGIN_FOLDERS[0]}: "
+                                 "NCCL will fail to start between nodes",
+                                 "prepend the plugin's folder (ls /soft/libraries/aws-ofi-nccl) to LD_LIBRARY_PATH, "
+                                 "or unset NCCL_NET to use sockets"))
     return found
 
 

@@ -93,6 +93,10 @@ def as_user_error(error: Exception) -> UserError | None:
         return UserError(f"{which} is already taken on this host (another job or process holds it): pick a free one "
                          "with MASTER_PORT=<port> (torchrun: --master-port, deepspeed: --master_port), or use "
                          "`scaledl launch`, which picks one")
+    if "No Adasum operation enabled" in text:  # horovod/common/operations.cc: Adasum ops exist for MPI only
+        return UserError("Horovod's Adasum runs over MPI only and this job's Horovod runs on Gloo (horovodrun --gloo, "
+                         "or a Horovod built without MPI): start it with horovodrun --mpi or mpirun, or leave out "
+                         "op=hvd.Adasum (--adasum)")
     frames = list(_frames(error))
     for module, function, local_vars in frames:
         if module.startswith("deepspeed.runtime") and function == "load_checkpoint":

@@ -22,7 +22,8 @@ from scaledl import launchers
 from scaledl.errors import UserError
 from scaledl.launch_env import LaunchError
 from scaledl.systems import (AURORA_CPU_LISTS, POLARIS_CORES_PER_GPU, POLARIS_GPU_BIND, SYSTEMS, Preset,
-                             detect_system, node_list, slurm_binds_cpus, slurm_gpus_per_node, slurm_nodes)
+                             detect_system, node_list, polaris_plugin_path, preset_value, slurm_binds_cpus,
+                             slurm_gpus_per_node, slurm_nodes)
 
 PROG = "scaledl launch"
 
@@ -130,8 +131,10 @@ def build_plan(nranks: int, target: Target, ppn: int | None = None, system: str 
     command, extra_env = builders[system](nranks, nodes, ppn, target, env, python, dry_run)
     presets = SYSTEMS[system].comm_env if comm_env else ()
     applied = tuple(p for p in presets if p.name not in env)
+    plugin = polaris_plugin_path(env) if comm_env and system == "polaris" else None
+    applied += (plugin,) if plugin else ()
     kept = {p.name: env[p.name] for p in presets if p.name in env}
-    plan_env = {**{p.name: p.value for p in applied}, **extra_env, **(overrides or {})}
+    plan_env = {**{p.name: preset_value(p, env) for p in applied}, **extra_env, **(overrides or {})}
     return LaunchPlan(system, reason, nodes, ppn, command, plan_env, applied, kept)
 
 
@@ -199,13 +202,22 @@ def _slurm(nranks, nodes, ppn, target, env, python, dry_run):
     return command, {}
 
 
+def export_line(plan: LaunchPlan, name: str) -> str:
+    """`export NAME=VALUE` for one variable of the plan; a search path the plan puts folders in
+    front of is written as those folders and the shell's own value after them."""
+    prepended = {p.name: p.value for p in plan.presets if p.prepend}
+    if name in prepended:
+        return f"export {name}={shlex.quote(prepended[name])}:${name}"
+    return f"export {name}={shlex.quote(plan.env[name])}"
+
+
 def describe(plan: LaunchPlan) -> str:
     """The plan as shell lines a user can read, copy and change."""
     lines = [f"# system: {plan.system} ({plan.reason}); {plan.nodes} node{'s' * (plan.nodes != 1)} x "
              f"{plan.ppn} rank{'s' * (plan.ppn != 1)} = {plan.world_size} ranks",
              "# environment set for the ranks (a variable you already set is kept; --env NAME=VALUE overrides):"]
-    why = {p.name: f"  # {p.why} [{p.docs}]" for p in plan.presets}
-    lines += [f"export {name}={shlex.quote(value)}{why.get(name, '')}" for name, value in plan.env.items()]
+    why = {p.name: f"  # {p.why} [the value: {p.docs}]" for p in plan.presets}
+    lines += [export_line(plan, name) + why.get(name, "") for name in plan.env]
     lines += [f"# kept your {name}={shlex.quote(value)}" for name, value in plan.kept.items()]
     # Outside a job the node file is the variable PBS will set: leave it for the shell to expand.
     lines.append(shlex.join(plan.command).replace("'$PBS_NODEFILE'", '"$PBS_NODEFILE"'))

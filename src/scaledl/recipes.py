@@ -13,7 +13,7 @@ import shlex
 
 from scaledl import jobs
 from scaledl.errors import UserError
-from scaledl.launch import Target, build_plan, describe
+from scaledl.launch import Target, build_plan, describe, export_line
 from scaledl.systems import SYSTEMS
 
 SYSTEM = "polaris"
@@ -46,8 +46,7 @@ def launch_lines(nranks: int, ppn: int, target: list[str]) -> list[str]:
     without the reasons it prints beside each variable."""
     plan = build_plan(nranks, Target(target[0], tuple(target[1:])), ppn=ppn, system=SYSTEM, env={},
                       python=PYTHON, dry_run=True)
-    return [f"export {name}={shlex.quote(value)}" for name, value in plan.env.items()] + \
-        [describe(plan).splitlines()[-1]]
+    return [export_line(plan, name) for name in plan.env] + [describe(plan).splitlines()[-1]]
 
 
 def polaris(rung: str, *flags: str, live_ranks: int = 0) -> str:

@@ -8,6 +8,7 @@ presets that `scaledl launch` exports unless the variable is already set, so a u
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -32,6 +33,7 @@ class Preset:
     value: str
     why: str
     docs: str
+    prepend: bool = False  # a search path: the value goes in front of what the variable already holds
 
 
 @dataclass(frozen=True)
@@ -42,26 +44,69 @@ class System:
     comm_env: tuple[Preset, ...] = ()
 
 
+# Why each variable: the documentation of the library that reads it (NCCL's environment variables,
+# libfabric's fi_cxi(7) and fi_mr(3) man pages); the values are ALCF's, from its NCCL page.
+NCCL_ENV_DOCS = "NCCL's Environment Variables, docs.nvidia.com/deeplearning/nccl"
+FI_CXI_DOCS = "libfabric's fi_cxi(7)"
+FI_MR_DOCS = "libfabric's fi_mr(3), its memory registration cache"
 POLARIS_COMM_ENV = (
     Preset("CUDA_DEVICE_ORDER", "PCI_BUS_ID",
-           "CUDA numbers the GPUs as nvidia-smi and ALCF's affinity table do, so CUDA_VISIBLE_DEVICES=3 is the "
-           "GPU next to cores 0-7", CUDA_ENV_DOCS),
+           "not ALCF's list but CUDA's own: CUDA numbers the GPUs in PCI order, as nvidia-smi and ALCF's affinity "
+           "table do, so CUDA_VISIBLE_DEVICES=3 is the GPU next to cores 0-7", CUDA_ENV_DOCS),
     Preset("NCCL_NET", "AWS Libfabric",
-           "use the aws-ofi-nccl plugin (libfabric over Slingshot), not TCP sockets, between nodes",
+           f"the network NCCL must use between nodes: the aws-ofi-nccl plugin (libfabric over Slingshot), not TCP "
+           f"sockets; if it cannot load, NCCL fails rather than fall back ({NCCL_ENV_DOCS}, NCCL_NET)",
            POLARIS_NCCL_DOCS),
-    Preset("NCCL_NET_GDR_LEVEL", "PHB", "GPUDirect RDMA when GPU and NIC share a PCIe host bridge",
+    Preset("NCCL_NET_GDR_LEVEL", "PHB",
+           f"GPUDirect RDMA between a GPU and a NIC on the same NUMA node (path type PHB: through the CPU's PCIe "
+           f"host bridge) ({NCCL_ENV_DOCS}, NCCL_NET_GDR_LEVEL)",
            POLARIS_NCCL_DOCS),
-    Preset("NCCL_CROSS_NIC", "1", "let rings and trees use a different NIC on each node", POLARIS_NCCL_DOCS),
-    Preset("NCCL_COLLNET_ENABLE", "1", "allow collectives offloaded to the network", POLARIS_NCCL_DOCS),
+    Preset("NCCL_CROSS_NIC", "1", f"rings and trees may use a different NIC on each node ({NCCL_ENV_DOCS})",
+           POLARIS_NCCL_DOCS),
+    Preset("NCCL_COLLNET_ENABLE", "1", f"use the CollNet plugin (in-network reductions) where the network offers "
+           f"it ({NCCL_ENV_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_CXI_DISABLE_HOST_REGISTER", "1",
-           "keep libfabric from registering host memory that CUDA also pins (a source of hangs)",
-           POLARIS_NCCL_DOCS),
+           f"the Slingshot provider does not register its own host buffers with the GPU: with many processes per "
+           f"GPU that reaches the page-locked memory limit or deadlocks ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
-           "how libfabric notices freed registered memory; the default monitor misses CUDA frees",
-           POLARIS_NCCL_DOCS),
+           f"how libfabric's registration cache learns that host memory was freed or remapped: the kernel's "
+           f"userfaultfd instead of intercepting the allocator's calls ({FI_MR_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_CXI_DEFAULT_CQ_SIZE", "131072",
-           "a completion queue large enough that many ranks do not overrun it", POLARIS_NCCL_DOCS),
+           f"a completion queue larger than the provider's default, so many operations in flight do not overrun "
+           f"it ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
 )
+
+
+# ALCF's NCCL page exports NCCL_NET="AWS Libfabric" together with the plugin's folder and hwloc's on
+# LD_LIBRARY_PATH (argonne-lcf/user-guides, docs/polaris/applications-and-libraries/libraries/nccl.md).
+# NCCL_NET names a network that must load: with no libnccl-net.so to find, NCCL fails every
+# communicator ("network AWS Libfabric not found", ncclNetInit in NCCL's src/init.cc) instead of
+# falling back to sockets.  So where no LD_LIBRARY_PATH folder holds the plugin, these go first.
+POLARIS_NCCL_PLUGIN_FOLDERS = ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib", "/soft/libraries/hwloc/lib")
+NCCL_PLUGIN_FILE = "libnccl-net.so"
+
+
+def nccl_plugin_folder(env: Mapping[str, str]) -> str | None:
+    """The first LD_LIBRARY_PATH folder that holds NCCL's network plugin, if any does."""
+    folders = [f for f in env.get("LD_LIBRARY_PATH", "").split(":") if f]
+    return next((f for f in folders if os.path.exists(os.path.join(f, NCCL_PLUGIN_FILE))), None)
+
+
+def polaris_plugin_path(env: Mapping[str, str]) -> Preset | None:
+    """LD_LIBRARY_PATH with ALCF's plugin folders first, when NCCL_NET will ask for the plugin
+    and no folder on the path has it; None when nothing needs adding."""
+    if env.get("NCCL_NET", "AWS Libfabric") != "AWS Libfabric" or nccl_plugin_folder(env):
+        return None
+    return Preset("LD_LIBRARY_PATH", ":".join(POLARIS_NCCL_PLUGIN_FOLDERS),
+                  "the aws-ofi-nccl plugin (and hwloc) that NCCL_NET='AWS Libfabric' loads; without it NCCL fails "
+                  "instead of falling back", POLARIS_NCCL_DOCS, prepend=True)
+
+
+def preset_value(preset: Preset, env: Mapping[str, str]) -> str:
+    """What the variable is set to: the preset's value, in front of the current one for a search path."""
+    current = env.get(preset.name, "") if preset.prepend else ""
+    return f"{preset.value}:{current}" if current else preset.value
+
 
 AURORA_COMM_ENV = (
     Preset("CCL_PROCESS_LAUNCHER", "pmix", "oneCCL learns ranks from PALS through PMIx", AURORA_CCL_DOCS),
