@@ -140,19 +140,20 @@ def find_job(env=None) -> LaunchEnv:
 def gloo_host_problem(env, hostname: str | None = None) -> str | None:
     """Why Horovod's Gloo cannot start on this host, or None.
 
-    Under horovodrun's Gloo controller with no interface named (HOROVOD_GLOO_IFACE), Gloo finds
-    this host's address by its name, and Horovod 0.28.1's vendored Gloo only checks getaddrinfo for
-    -1 (gloo/transport/tcp/device.cc, lookupAddrForHostname): a name that does not resolve
-    (EAI_NONAME is -2) makes every rank crash with a segmentation fault in hvd.init()."""
-    if "horovod" not in sys.modules or "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env or env.get("HOROVOD_GLOO_IFACE"):
-        return None  # not Horovod's Gloo, or Gloo told which interface to use
+    Horovod 0.28.1 makes a Gloo device for each process set from this host's name: the global
+    one's interface (HOROVOD_GLOO_IFACE) is not passed on (GlooContext::InitializeForProcessSet
+    reads its own, empty gloo_iface_).  Its vendored Gloo checks getaddrinfo for -1 only
+    (gloo/transport/tcp/device.cc, lookupAddrForHostname), so a name that does not resolve
+    (EAI_NONAME is -2) is a segmentation fault in every rank's hvd.init()."""
+    if "horovod" not in sys.modules or "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env:
+        return None  # not Horovod's Gloo
     hostname = hostname or socket.gethostname()
     try:
         socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
     except OSError as error:
         return (f"this host's name {hostname!r} does not resolve ({error.strerror or error}), and Horovod's Gloo "
-                f"crashes then: add it to /etc/hosts (127.0.1.1 {hostname}), or name an interface: horovodrun "
-                "--network-interface lo (one node) or HOROVOD_GLOO_IFACE=<interface>")
+                f"crashes then: add it to /etc/hosts (127.0.1.1 {hostname}), or use Horovod's MPI controller "
+                "(horovodrun --mpi, or mpirun)")
     return None
 
 
