@@ -45,3 +45,14 @@ def test_bad_values_get_one_line_naming_the_flag(argv, flag):
 def test_bad_value_from_a_notebook_raises():
     with pytest.raises(ConfigError, match="--log-interval must be > 0"):
         Config(log_interval=0)
+
+
+def test_tensorboard_without_its_package_is_one_line_before_anything_runs(monkeypatch, tmp_path):
+    # TensorFlow 2.15 brings tensorboard and 2.21 does not; an environment without it is told
+    # at the flag, not by a ModuleNotFoundError from inside the first rank's metrics writer.
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])  # an environment without the package
+    for name in [name for name in sys.modules if name == "tensorboard" or name.startswith("tensorboard.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ConfigError, match="--tensorboard needs the tensorboard package"):
+        Config(tensorboard=True)
+    Config(tensorboard=False)  # nothing asked of it without the flag

@@ -107,8 +107,8 @@ fi
 
 log "installing Horovod, DeepSpeed, the notebook and test tools, and scaledl (editable)"
 pip install --no-deps "$wheels"/horovod-*.whl "$wheels"/deepspeed-*.whl
-mapfile -t rest < <(pins deepspeed horovod notebooks test)
-pip install "${rest[@]}" -e ".[torch,tensorflow,mpi,horovod,deepspeed,notebooks,test]"
+mapfile -t rest < <(pins deepspeed horovod tensorboard notebooks test)
+pip install "${rest[@]}" -e ".[torch,tensorflow,tensorboard,mpi,horovod,deepspeed,notebooks,test]"
 log "done: $("$venv/bin/python" -c 'import torch, tensorflow as tf, horovod, deepspeed
 print(f"torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__},",
       f"deepspeed {deepspeed.__version__}")' 2>/dev/null | tail -1)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -110,6 +111,10 @@ class Config:
         self._check_model()
         if self.dataset not in DATASETS:
             raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            # PyTorch's SummaryWriter needs it; TensorFlow 2.21 (Python 3.12+) does not bring it.
+            raise ConfigError("--tensorboard needs the tensorboard package, which is not installed: pip install "
+                              "tensorboard (make setup installs it), or leave out --tensorboard")
 
     def _check_model(self) -> None:
         """--model and its data set and size flags agree; fills in the model's defaults."""

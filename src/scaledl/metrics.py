@@ -74,7 +74,7 @@ class History:
         self._reset()
         self.tensorboard = None
         if tensorboard and rank == 0 and out_dir is not None:
-            # PyTorch's writer needs only the tensorboard package (TensorFlow installs it).
+            # PyTorch's writer needs only the tensorboard package (Config checks it is there).
             from torch.utils.tensorboard import SummaryWriter
 
             self.tensorboard = SummaryWriter(str(Path(out_dir) / "tensorboard"))
