@@ -7,7 +7,9 @@ reduce-scattered (torch 2.13, `FSDPParamGroup.post_backward`: `reshard()`, then
 `foreach_reduce`). With `reshard_after_forward=False` a layer keeps them from its forward to
 its backward: one all-gather per layer per step fewer, and every layer whole at the end of
 forward. The events are drawn one after another; FSDP2 overlaps a layer's collectives with
-its neighbours' compute, which the schedule leaves out.
+its neighbours' compute, which the schedule leaves out: it all-gathers the next layer while the
+current one computes (implicitly in forward, on its own streams; in backward through
+`FSDPParamGroup._backward_prefetch`), so on a GPU about one layer more is whole than drawn.
 """
 from __future__ import annotations
 
@@ -67,7 +69,9 @@ def figure(layers: int = 3):
         held = [0] + [event.whole_after for event in steps]
         ax.step(range(len(held)), [h * 0.15 for h in held], where="post", color="black", linewidth=1.5)
         peak = max(held)
-        ax.text(-0.2, peak * 0.15 + 0.03, f"layers held whole (peak {peak})", fontsize=7.5, va="bottom")
+        prefetch = f"; about {peak + 1} with FSDP2's prefetch" if peak < layers else ""
+        ax.text(-0.2, peak * 0.15 + 0.03, f"layers held whole, drawn in sequence (peak {peak}{prefetch})",
+                fontsize=7.5, va="bottom")
         gathers = sum(event.lane == "all-gather" for event in steps)
         ax.set_title(f"reshard_after_forward={reshard}" + (" (FSDP2's default, but for the root)" if reshard else "")
                      + f": {gathers} all-gathers, {layers} reduce-scatters per step", fontsize=9)
