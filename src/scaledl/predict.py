@@ -67,19 +67,21 @@ class System:
 
 
 # Polaris (docs.alcf.anl.gov/polaris/hardware-overview/machine-overview): 4 A100 per node
-# "connected via NVLink", "NVLink 600 GB/s" per A100 (both directions, 12 links of 25 GB/s each way),
-# and the affinity table shows NV4 between every pair: a ring's edge (one pair) carries 4 x 25 GB/s
-# each way.  Between nodes, "a pair of Slingshot 11 network adapters"; a Slingshot port runs at 200 Gb/s
-# = 25 GB/s (alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node
-# injects 2 x 25 GB/s.  Nominal peaks, not measured; the alphas are nominal too (order of an NCCL
+# "connected via NVLink"; 600 GB/s of NVLink per A100 (NVIDIA's A100 datasheet: both directions, 12
+# links of 25 GB/s each way; ALCF's table puts the figure in its column of node totals), and the
+# affinity table shows NV4 between every pair: a ring's edge (one pair) carries 4 x 25 GB/s each way.
+# Between nodes, "a pair of slingshot network adapters" (Slingshot 10 then, "scheduled to be upgraded
+# to slingshot 11"); a Slingshot 11 port runs at 200 Gb/s = 25 GB/s
+# (alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node injects 2 x 25 GB/s.
+# Nominal peaks, not measured; the alphas are nominal too (order of an NCCL
 # ring step on NVLink and of a Slingshot MPI latency), so replace both with a `scaledl bench comm`
 # fit taken on the nodes when you have one.
 POLARIS = System(
     "polaris", 4,
-    Link(5e-6, 100e9, "NV4 between each pair of A100s, 4 x 25 GB/s each way (ALCF Polaris machine overview); "
-                      "alpha nominal"),
-    Link(10e-6, 2 * 25e9, "2 Slingshot 11 NICs x 200 Gb/s per node (ALCF Polaris machine overview, "
-                          "ALCF Slingshot page); alpha nominal"),
+    Link(5e-6, 100e9, "NV4 between each pair of A100s (ALCF Polaris machine overview), 4 x 25 GB/s each way "
+                      "(NVIDIA A100 datasheet); alpha nominal"),
+    Link(10e-6, 2 * 25e9, "2 Slingshot NICs per node (ALCF Polaris machine overview) at Slingshot 11's 200 Gb/s "
+                          "(ALCF Slingshot page); alpha nominal"),
     "https://docs.alcf.anl.gov/polaris/hardware-overview/machine-overview")
 # Aurora (docs.alcf.anl.gov/aurora/hardware-overview/machine-overview): 6 GPUs of 2 tiles (12 ranks
 # per node), "connected all-to-all with Intel Xe Link", "8 HPE Slingshot-11 NICs" per node: 8 x 25 GB/s.
