@@ -262,8 +262,30 @@ def test_a_host_whose_name_does_not_resolve_is_one_line_before_horovods_gloo_cra
     gloo = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234"}
     line = gloo_host_problem(gloo, hostname="no-such-host.invalid")
     assert line and "'no-such-host.invalid' does not resolve" in line and "/etc/hosts" in line
-    assert "--mpi" in line and "\n" not in line
+    assert "Horovod's Gloo" in line and "--mpi" in line and "\n" not in line
     assert gloo_host_problem(gloo, hostname="localhost") is None
     # Naming Gloo's interface does not help: Horovod does not pass it to its process sets' devices.
     assert gloo_host_problem({**gloo, "HOROVOD_GLOO_IFACE": "lo"}, hostname="no-such-host.invalid")
     assert gloo_host_problem({}, hostname="no-such-host.invalid") is None  # not under horovodrun's Gloo
+
+
+def test_launches_on_a_host_whose_name_does_not_resolve_stop_at_one_line(monkeypatch, tmp_path):
+    # torchrun's agent retries such a name for minutes without a word (seen in a Debian root
+    # whose /etc/hosts lacked it); scaledl launch and the demo say so before starting anything.
+    import socket
+
+    from scaledl import demo
+    from scaledl.launch import Target, build_plan
+    from scaledl.launch_env import host_name_problem
+
+    assert host_name_problem("localhost") is None
+    monkeypatch.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
+    line = host_name_problem()
+    assert line.startswith("this host's name 'no-such-host.invalid' does not resolve") and "/etc/hosts" in line
+    with pytest.raises(LaunchError, match="does not resolve .*; torchrun's rendezvous needs it"):
+        build_plan(2, Target("scaledl.ladder.ddp"), env={}, hostname="laptop")
+    assert build_plan(2, Target("scaledl.ladder.ddp"), env={}, hostname="laptop", dry_run=True).command
+    with pytest.raises(demo.UserError, match="does not resolve"):
+        demo.check(tmp_path / "demo", ["ddp"], overwrite=False, nproc=None)
+    demo.check(tmp_path / "demo", ["single_torch"], overwrite=False, nproc=None)  # one process: no launcher
+    assert not (tmp_path / "demo").exists()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from scaledl import devices, launchers, output_paths
 from scaledl.errors import CHECK_FLAGS_VAR, UserError
+from scaledl.launch_env import host_name_problem
 from scaledl.ladder import RUNGS
 
 COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "peak_memory_mb", "ok")
@@ -50,6 +51,9 @@ def check(out: Path, rungs, overwrite: bool, nproc: int | None, extra_args=()) -
                           "--out-dir")
     if extra_args:
         check_rung_flags(rungs, extra_args)
+    problem = host_name_problem() if any(RUNGS[rung][1] != "python" for rung in rungs) else None
+    if problem:  # the launchers' rendezvous would retry for minutes, or Horovod's Gloo crash
+        raise UserError(f"{problem}; the multi-process rungs' launchers need it")
 
 
 def check_rung_flags(rungs, extra_args) -> None:

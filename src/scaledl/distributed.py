@@ -22,7 +22,7 @@ import numpy as np
 
 from scaledl import errors
 from scaledl.devices import BACKENDS, pick_backend, pick_device  # noqa: F401  (re-exported)
-from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, job_port
+from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, host_name_problem, job_port
 
 MPI_LAUNCHERS = ("openmpi", "mpich", "pals", "slurm")
 _WORKER_DRAIN_S = 0.2
@@ -147,14 +147,9 @@ def gloo_host_problem(env, hostname: str | None = None) -> str | None:
     (EAI_NONAME is -2) is a segmentation fault in every rank's hvd.init()."""
     if "horovod" not in sys.modules or "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env:
         return None  # not Horovod's Gloo
-    hostname = hostname or socket.gethostname()
-    try:
-        socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
-    except OSError as error:
-        return (f"this host's name {hostname!r} does not resolve ({error.strerror or error}), and Horovod's Gloo "
-                f"crashes then: add it to /etc/hosts (127.0.1.1 {hostname}), or use Horovod's MPI controller "
-                "(horovodrun --mpi, or mpirun)")
-    return None
+    problem = host_name_problem(hostname)
+    return problem and (f"{problem}; Horovod's Gloo crashes without it, or use Horovod's MPI controller "
+                        "(horovodrun --mpi, or mpirun)")
 
 
 def rendezvous(job: LaunchEnv, timeout_s: float = 600, env=None) -> dict:

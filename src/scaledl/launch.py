@@ -20,7 +20,7 @@ from typing import Mapping
 
 from scaledl import launchers
 from scaledl.errors import UserError
-from scaledl.launch_env import LaunchError
+from scaledl.launch_env import LaunchError, host_name_problem
 from scaledl.systems import (AURORA_CPU_LISTS, POLARIS_CORES_PER_GPU, POLARIS_GPU_BIND, SYSTEMS, Preset,
                              detect_system, node_list, polaris_plugin_path, preset_value, slurm_binds_cpus,
                              slurm_gpus_per_node, slurm_nodes)
@@ -142,6 +142,9 @@ def _local(nranks, nodes, ppn, target, env, python, dry_run):
     if nodes > 1:
         raise LaunchError(f"-n {nranks} --ppn {ppn} asks for {nodes} nodes, and this machine is one: "
                           "leave out --ppn, or run inside a PBS or Slurm job")
+    problem = None if dry_run else host_name_problem()
+    if problem:  # torchrun's agent would retry for minutes without a word
+        raise LaunchError(f"{problem}; torchrun's rendezvous needs it")
     if target.is_script:
         command = [launchers.tool("torchrun"), "--standalone", f"--nproc_per_node={nranks}",
                    target.program, *target.args]

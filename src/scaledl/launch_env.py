@@ -312,6 +312,18 @@ def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
     return numbers
 
 
+def host_name_problem(hostname: str | None = None) -> str | None:
+    """Why this host's own name does not resolve, or None.  torchrun's rendezvous advertises it
+    (its agent retries for minutes, silently, where it cannot) and Horovod's Gloo looks it up."""
+    hostname = hostname or socket.gethostname()
+    try:
+        socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except OSError as error:
+        return (f"this host's name {hostname!r} does not resolve ({error.strerror or error}): add it to /etc/hosts "
+                f"(127.0.1.1 {hostname})")
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
