@@ -329,6 +329,7 @@ def damage(checkpoint: Path, how: str) -> None:
 
 
 # (The optimizer's own file is not read back at ZeRO stage 0, the rung's default: no row for it.)
+@pytest.mark.slow  # a DeepSpeed run and four launches: make test, not the edit-test loop
 @pytest.mark.parametrize("how", ["truncated model states", "garbage model states", "step folder deleted",
                                  "latest names no step"])
 def test_damaged_deepspeed_checkpoint(tmp_path, deepspeed_run, how):
@@ -439,6 +440,7 @@ def test_every_command_refuses_bad_input_before_doing_anything(tmp_path, row):
 
 # -- errors that come through a launcher the package starts ----------------------------------------
 
+@pytest.mark.slow  # scaledl launch starts torchrun twice
 @pytest.mark.parametrize("args, message", [
     (["--lr", "-1"], "--lr must be > 0"),
     (["--dataset", "mnist", "--data-dir", "{tmp}/nowhere"], "MNIST file train-images-idx3-ubyte"),
@@ -455,6 +457,7 @@ def test_scaledl_launch_shows_the_ranks_error_last_with_status_2(tmp_path, args,
     assert not out_dir.exists()
 
 
+@pytest.mark.slow
 def test_run_launcher_puts_the_line_in_the_callers_log(tmp_path):
     log = tmp_path / "log.txt"
     command = launchers.torchrun(2, "scaledl.ladder.ddp", ["--lr", "-1", "--out-dir", str(tmp_path / "out")])

@@ -103,6 +103,7 @@ def ok_text(findings, start):
     return text
 
 
+@pytest.mark.slow
 def test_a_venv_over_a_site_says_where_each_framework_comes_from_and_what_it_shadows(tmp_path):
     # The environment these tests run in stands in for the site module; a venv goes on top of it.
     site = sys.prefix

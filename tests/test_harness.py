@@ -170,6 +170,7 @@ def test_demo_refuses_an_out_dir_that_holds_a_demo(tmp_path):
     assert os.listdir(tmp_path) == ["demo.json"]
 
 
+@pytest.mark.slow
 def test_a_failing_rung_in_the_demo_shows_its_one_line_error(tmp_path):
     scaledl = os.path.join(os.path.dirname(sys.executable), "scaledl")
     result = subprocess.run([scaledl, "demo", "--out-dir", str(tmp_path), "--rungs", "single_torch", "--train-limit",
