@@ -96,3 +96,22 @@ def test_quick_run_of_every_suite(tmp_path):
     # Each suite's output ends with its headline.
     blocks = [block[block.index("== "):] for block in ("\n" + output).split("\n\n") if "\n== " in "\n" + block]
     assert len(blocks) == len(SUITE_NAMES) and all(b.strip().splitlines()[-1].startswith("headline: ") for b in blocks)
+
+
+def test_copies_side_by_side_time_their_steps_together(tmp_path):
+    # Two real one-rank workers: each waits, warm, for the other before timing (the predictor's
+    # single-device step with the node full), and each writes its own laps.
+    from scaledl.bench.launch import run_together
+
+    results = run_together(2, "steps", ["--variant", "plain", "--steps", 3, "--warmup", 1,
+                                        "--micro-batch-size", 8], tmp_path / "plain.json", timeout_s=300)
+    assert len(results) == 2 and all(len(r["laps"]) == 3 and r["world_size"] == 1 for r in results)
+    assert not (tmp_path / "plain.ready").exists()  # the barrier's files are gone after
+
+
+def test_a_copy_alone_does_not_wait_forever(tmp_path):
+    from scaledl.bench.worker import wait_for_copies
+
+    wait_for_copies(str(tmp_path / "one"), 1, timeout_s=1)
+    with pytest.raises(TimeoutError, match="only 1 of 2 copies"):
+        wait_for_copies(str(tmp_path / "two"), 2, timeout_s=0.2)

@@ -52,6 +52,17 @@ def test_ddp_buckets_with_and_without_overlap():
     assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, BANDWIDTH_ONLY) == pytest.approx(0.09 + last)
 
 
+def test_a_link_that_cannot_overlap_pays_every_bucket():
+    # Gloo on a CPU whose cores all compute: the three buckets add up, whatever backward's length.
+    busy = predict.Link(alpha_s=0.0, bandwidth_Bps=1e9, overlaps=False)
+    total = 60 * MIB / 1e9
+    for backward_s in (0.0, 0.05, 1.0):
+        assert predict.exposed_comm_s("ddp", 60 * MIB, 2, busy, backward_s) == pytest.approx(total)
+    assert predict.exposed_comm_s("horovod", 60 * MIB, 2, busy, 1.0, fusion_bytes=30 * MIB) == pytest.approx(
+        total + 2 * 0.5e-3)
+    assert predict.link_from_fit({"alpha_s": 0.0, "beta_s_per_byte": 1e-9}, 2, overlaps=False).overlaps is False
+
+
 def test_horovod_fusion_and_cycle():
     # 60 MiB under the 128 MiB default threshold: one fused all-reduce, plus half a 1 ms cycle.
     assert predict.exposed_comm_s("horovod", 60 * MIB, 2, BANDWIDTH_ONLY, 0.05) == pytest.approx(
@@ -83,6 +94,18 @@ def test_link_from_fit_reads_the_ring_back():
     fit = {"alpha_s": 6 * LINK.alpha_s, "beta_s_per_byte": 1.5 / LINK.bandwidth_Bps}
     found = predict.link_from_fit(fit, 4)
     assert found.alpha_s == pytest.approx(LINK.alpha_s) and found.bandwidth_Bps == pytest.approx(LINK.bandwidth_Bps)
+
+
+def test_sharded_strategies_read_their_own_collectives():
+    # A reduce-scatter 3 times slower than half the all-reduce's ring, all-gathers as the ring says:
+    # a fit on 2 ranks t = a + b n reads back to alpha = a, bandwidth = 1/2 / b.
+    slow = predict.half_link_from_fit({"alpha_s": 0.0, "beta_s_per_byte": 1.5e-9}, 2)
+    assert slow.bandwidth_Bps == pytest.approx(1e9 / 3) and slow.alpha_s == 0.0
+    ring = predict.half_link_from_fit({"alpha_s": 4e-5, "beta_s_per_byte": 0.75e-9}, 4)
+    assert ring.alpha_s == pytest.approx(4e-5 / 3) and ring.bandwidth_Bps == pytest.approx(1e9)
+    # ZeRO-3 on 2 ranks, 1 MB, one unit: reduce-scatter 3 * 0.5 ms, two gathers of 0.5 ms each.
+    assert predict.exposed_comm_s("zero3", 1e6, 2, BANDWIDTH_ONLY, 0.0, scatter_link=slow) == pytest.approx(2.5e-3)
+    assert predict.exposed_comm_s("zero3", 1e6, 2, BANDWIDTH_ONLY, 0.0) == pytest.approx(1.5e-3)
 
 
 def test_table_and_figure_for_the_lessons():

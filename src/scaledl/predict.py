@@ -17,6 +17,8 @@ The model (each formula below cites where it comes from):
   end of backward; with overlap the buckets run one after another during backward, and what is
   left exposed is the larger of the last bucket (launched when backward ends) and the
   communication that did not fit under backward (Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2).
+  Overlap needs somewhere else for the communication to run (`Link.overlaps`): a GPU's copy
+  engines and a second stream do; a CPU whose cores the ranks' compute already fills does not.
 * Horovod fuses gradients that are ready into one all-reduce of at most the fusion threshold, once
   per cycle; defaults 128 MB and 1 ms (horovodrun --help, horovod/runner/launch.py, 0.28.1).  A
   gradient waits on average half a cycle before its cycle starts.
@@ -32,7 +34,9 @@ The model (each formula below cites where it comes from):
   for its forward's one (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, sec. 2.1:
   6N flops per token, 2N of them forward).
 
-What the model leaves out: compute slowed by communication sharing its cores or memory, stragglers,
+What the model leaves out: compute slowed by communication sharing its memory, stragglers (unless
+the single-device step given is the slowest of N copies run side by side, as `scaledl bench predict`
+measures it),
 framework work per step (measured at world size 1, so it is in the single-device step), and
 collectives other than ring (trees, NVLink SHARP).  Weak scaling: the micro batch per rank is fixed.
 """
@@ -50,11 +54,17 @@ HOROVOD_CYCLE_S = 1e-3  # horovodrun --cycle-time-ms default (horovod 0.28.1)
 
 @dataclass(frozen=True)
 class Link:
-    """alpha: seconds per ring step; bandwidth: bytes per second one way; source: where they come from."""
+    """alpha: seconds per ring step; bandwidth: bytes per second one way; source: where they come from.
+
+    overlaps: whether communication can run beside compute.  On GPUs it can: NCCL's kernels run on
+    their own stream while backward's run on another.  Gloo's ring on a CPU copies and reduces on
+    the host's cores; when the ranks' compute already fills every core, nothing hides behind
+    backward, and each bucket's all-reduce adds to the step."""
 
     alpha_s: float
     bandwidth_Bps: float
     source: str = ""
+    overlaps: bool = True
 
 
 @dataclass(frozen=True)
@@ -141,17 +151,24 @@ def bucketed_s(messages: list[float], ranks: int, link: Link, backward_s: float,
 
 def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, backward_s: float,
                    bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
-                   cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1) -> float:
-    """Seconds per step that communication adds to the single-device step, for one strategy."""
+                   cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1, gather_link: Link | None = None,
+                   scatter_link: Link | None = None) -> float:
+    """Seconds per step that communication adds to the single-device step, for one strategy.
+
+    `gather_link`, `scatter_link`: the sharded strategies' all-gather and reduce-scatter read from
+    their own fits (`half_link_from_fit`) where the backend does not run them as half a ring (here,
+    Gloo's reduce-scatter of 16 MB on 2 ranks took 20 ms where half its all-reduce took 7); else `link`."""
     if strategy in ("ddp", "ddp_no_overlap"):
-        return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s, strategy == "ddp")
+        return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s,
+                          strategy == "ddp" and link.overlaps)
     if strategy == "horovod":
-        return bucketed_s(chunks(grad_bytes, fusion_bytes or grad_bytes), ranks, link, backward_s, True,
+        return bucketed_s(chunks(grad_bytes, fusion_bytes or grad_bytes), ranks, link, backward_s, link.overlaps,
                           cycle_s / 2 if ranks > 1 else 0.0)
     if strategy in ("zero1", "zero2"):  # 2 Psi: reduce-scatter gradients, all-gather parameters
         return reduce_scatter_s(grad_bytes, ranks, link) + all_gather_s(grad_bytes, ranks, link)
     if strategy in ("zero3", "fsdp2"):  # 3 Psi: parameters gathered for forward and again for backward, per unit
-        return reduce_scatter_s(grad_bytes, ranks, link) + 2 * gathers * all_gather_s(grad_bytes / gathers, ranks, link)
+        return (reduce_scatter_s(grad_bytes, ranks, scatter_link or link)
+                + 2 * gathers * all_gather_s(grad_bytes / gathers, ranks, gather_link or link))
     raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
 
 
@@ -224,14 +241,23 @@ def figure(rows: list[dict], measured: list[dict] | None = None, title: str = ""
     return fig
 
 
-def link_from_fit(fit: dict, ranks: int, source: str = "") -> Link:
+def link_from_fit(fit: dict, ranks: int, source: str = "", overlaps: bool = True) -> Link:
     """Per-link alpha and bandwidth from an all-reduce fit t = a + b n taken on `ranks` ranks
     (`scaledl bench comm`'s fits["allreduce"]): the ring formula read backwards,
     alpha = a / (2(N-1)), bandwidth = 2(N-1)/N / b."""
     if ranks < 2:
         raise ValueError("an all-reduce fit needs at least 2 ranks")
     return Link(fit["alpha_s"] / (2 * (ranks - 1)), 2 * (ranks - 1) / ranks / fit["beta_s_per_byte"],
-                source or f"all-reduce fit on {ranks} ranks")
+                source or f"all-reduce fit on {ranks} ranks", overlaps)
+
+
+def half_link_from_fit(fit: dict, ranks: int, source: str = "", overlaps: bool = True) -> Link:
+    """The same for a reduce-scatter or all-gather fit (size: the full buffer), each half a ring:
+    t = (N-1) alpha + (N-1)/N n / bandwidth, so alpha = a / (N-1), bandwidth = (N-1)/N / b."""
+    if ranks < 2:
+        raise ValueError("a reduce-scatter or all-gather fit needs at least 2 ranks")
+    return Link(fit["alpha_s"] / (ranks - 1), (ranks - 1) / ranks / fit["beta_s_per_byte"],
+                source or f"fit on {ranks} ranks", overlaps)
 
 
 def predict(step_s: float, num_params: int, system: str | System = "polaris", measured: list[dict] | None = None,

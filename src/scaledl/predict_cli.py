@@ -105,7 +105,9 @@ def link_from_comm_json(path: Path) -> predict.Link:
     comm = _suite(_read_json(path, "--comm-json"), "comm")
     try:
         fit, ranks = comm["fits"]["allreduce"], int(comm["ranks"])
-        found = predict.link_from_fit(fit, ranks, f"all-reduce fit in {path}")
+        # `scaledl bench predict` records whether its link could overlap backward; the comm suite does not
+        found = predict.link_from_fit(fit, ranks, f"all-reduce fit in {path}",
+                                      bool((comm.get("link") or {}).get("overlaps", True)))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise InputError(f"--comm-json {path}: no all-reduce fit on 2 or more ranks in it; "
                          "name the comm.json that `scaledl bench comm` wrote") from None

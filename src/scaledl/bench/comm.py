@@ -4,9 +4,10 @@ Bandwidths follow nccl-tests (PERFORMANCE.md there): algbw = size / time, and bu
 scales algbw by what each rank must move, so that it is comparable with the link's speed
 whatever the collective and the rank count:
 
-    allreduce  busbw = algbw * 2 (n - 1) / n
-    allgather  busbw = algbw * (n - 1) / n      (size: the gathered output)
-    broadcast  busbw = algbw
+    allreduce      busbw = algbw * 2 (n - 1) / n
+    allgather      busbw = algbw * (n - 1) / n      (size: the gathered output)
+    reducescatter  busbw = algbw * (n - 1) / n      (size: the input each rank reduces)
+    broadcast      busbw = algbw
 
 The time of one message of n bytes is modelled as t = alpha + beta * n (latency plus
 bytes over bandwidth), fitted to the measured points for each collective and drawn
@@ -22,7 +23,8 @@ from scaledl.bench.common import Options, headline, result, rounded
 from scaledl.bench.launch import run_worker
 from scaledl.bench.variants import launcher_for
 
-BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 
 
 def sizes(quick: bool) -> list[int]:

@@ -41,6 +41,43 @@ def run_worker(launcher: str, nproc: int, mode: str, args: list, out: Path, thre
     return json.loads(out.read_text())
 
 
+def run_together(copies: int, mode: str, args: list, out: Path, threads: int = 1, timeout_s: float = 600) -> list[dict]:
+    """`copies` one-rank workers started at once, each its own job (no process group between them),
+    timing their steps side by side once all are warm: the single-device step with every core (or
+    device) of the node busy, as it is in an N-rank job.  Returns each copy's JSON."""
+    import shutil
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    folder = out.with_suffix(".ready")
+    shutil.rmtree(folder, ignore_errors=True)
+    started = []
+    for copy in range(copies):
+        path = out.with_name(f"{out.stem}-copy{copy}.json")
+        command = launchers.for_launcher("python", 1, WORKER, [
+            mode, *map(str, args), "--threads", str(threads), "--together", str(folder), "--copies", str(copies),
+            "--out", str(path)])
+        log = open(path.with_suffix(".log"), "w")
+        started.append((path, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                    env=worker_env(copies, threads))))
+    failed = []
+    for path, log, process in started:
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        log.close()
+        if code != 0 or not path.is_file():
+            failed.append(f"{path.with_suffix('.log')} (exit {code})")
+    for path, _, process in started:
+        if process.poll() is None:
+            process.kill()
+    shutil.rmtree(folder, ignore_errors=True)
+    if failed:
+        raise WorkerError(f"{copies} copies of the worker together: failed: {', '.join(failed)}")
+    return [json.loads(path.read_text()) for path, _, _ in started]
+
+
 class ServeWorker:
     """A one-rank worker that keeps its variant built and times a block of steps on request.
 

@@ -2,24 +2,28 @@
 
 First the link is measured the way `scaledl bench comm` measures it: all-reduce times over
 message sizes on N ranks, fitted to alpha + beta n and read back to one ring link
-(scaledl.predict.link_from_fit).  Nothing below feeds back into that fit.  Then, for each
-setting (model width, micro batch, DDP bucket size, ZeRO stage: each moves the share of the
-step that is communication), the same variant runs on 1 rank (the single-device step the
-model takes as input) and on N ranks (what it must predict), under a real launcher.  The
-prediction is the 1-rank step plus the exposed communication of that strategy; the table gives
-predicted / measured for every setting and the headline their median and worst.
-DDP is predicted with overlap (what DDP does); the column without overlap is there to explain.
+(scaledl.predict.link_from_fit); reduce-scatter and all-gather get fits of their own for ZeRO-3
+and FSDP2.  Nothing below feeds back into those fits.  Then, for each setting (model width, micro batch, DDP bucket size,
+ZeRO stage: each moves the share of the step that is communication), the same variant runs as
+N one-rank copies side by side (the single-device step the model takes as input: the node as
+full as in the real job, and per step the slowest copy, since a synchronous step waits for its
+slowest rank) and on N ranks under a real launcher (what it must predict).  The prediction is
+that step plus the exposed communication of the strategy; the table gives predicted / measured
+for every setting and the headline their median and worst.
+DDP overlaps its buckets with backward only where the link allows it (`Link.overlaps`: not on
+a CPU whose every core computes); the column without overlap is there to explain.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from scaledl import predict
 from scaledl.bench import stats
 from scaledl.bench.common import Options, headline, result, rounded
-from scaledl.bench.launch import run_worker
+from scaledl.bench.launch import run_together, run_worker
 from scaledl.bench.variants import launcher_for, transformer_sizes
 
 MEDIAN_TARGET, WORST_TARGET = 0.10, 0.25
@@ -37,24 +41,45 @@ def settings(quick: bool) -> list[dict]:
     return [{"variant": v, "model": m, "micro_batch_size": b, "bucket_cap_mb": c} for v, m, b, c in rows]
 
 
-def fit_link(options: Options, ranks: int) -> tuple[predict.Link, dict]:
-    """All-reduce alpha-beta on `ranks` ranks (the comm suite's worker), read back to one link."""
+def fit_links(options: Options, ranks: int) -> tuple[predict.Link, dict, dict]:
+    """All-reduce alpha-beta on `ranks` ranks (the comm suite's worker), read back to one link; and
+    the sharded strategies' reduce-scatter and all-gather, each from its own fit (Gloo does not run
+    them as half its all-reduce's ring).
+
+    Measured on idle cores: where communication cannot overlap (every core computes), the step
+    pays the compute and the communication's own work one after the other, each at its idle cost."""
     sizes = [4096 * 8**i for i in range(5)]  # 4 KB to 16 MB: the gradients here are 0.5 to 25 MB
     measured = run_worker("torchrun", ranks, "comm", [
         "--sizes", *sizes, "--iters", options.pick(10, 20), "--warmup", 3, "--steps", 3, "--rounds", 1,
         "--bucket-sizes-mb", 25.0], options.out_dir / "predict" / "collectives.json", threads=options.threads)
-    points = measured["collectives"]["allreduce"]
-    fit = stats.fit_alpha_beta([p["bytes"] for p in points], [stats.summary(p["laps"])["median"] for p in points])
-    return predict.link_from_fit(fit, ranks, f"all-reduce fit on {ranks} ranks ({measured['backend']})"), fit
+    fits = {}
+    for name in ("allreduce", "reducescatter", "allgather"):
+        points = measured["collectives"][name]
+        fits[name] = stats.fit_alpha_beta([p["bytes"] for p in points],
+                                          [stats.summary(p["laps"])["median"] for p in points])
+    # Gloo reduces on the host: with every core computing, no bucket hides behind backward.
+    overlaps = not (measured["device"] == "cpu" and ranks * options.threads >= (os.cpu_count() or 1))
+    backend = measured["backend"]
+    link = predict.link_from_fit(fits["allreduce"], ranks, f"all-reduce fit on {ranks} ranks ({backend})", overlaps)
+    sharded = {"scatter_link": predict.half_link_from_fit(fits["reducescatter"], ranks,
+                                                          f"reduce-scatter fit ({backend})", overlaps),
+               "gather_link": predict.half_link_from_fit(fits["allgather"], ranks, f"all-gather fit ({backend})",
+                                                         overlaps)}
+    return link, sharded, fits
 
 
-def measure(setting: dict, ranks: int, options: Options, index: int) -> dict:
+def measure(setting: dict, ranks: int, options: Options, index: int, copies: int = 1) -> dict:
     launcher = launcher_for(setting["variant"], options.quick) if ranks > 1 else "python"
-    args = ["--variant", setting["variant"], "--model", setting["model"], "--steps", options.pick(10, 30),
-            "--warmup", options.pick(3, 5), "--micro-batch-size", setting["micro_batch_size"]]
+    args = ["--variant", setting["variant"], "--model", setting["model"], "--steps", options.pick(20, 30),
+            "--warmup", 5, "--micro-batch-size", setting["micro_batch_size"]]
     if setting["bucket_cap_mb"] is not None:
         args += ["--bucket-cap-mb", setting["bucket_cap_mb"]]
     out = options.out_dir / "predict" / f"setting{index}-{setting['variant']}-{ranks}.json"
+    if copies > 1:
+        results = run_together(copies, "steps", args, out, threads=options.threads)
+        # A synchronous step waits for its slowest rank: step i of the copies, timed side by side,
+        # costs the slowest copy's step i.
+        return {**results[0], "laps": [max(laps) for laps in zip(*(r["laps"] for r in results))]}
     return run_worker(launcher, ranks, "steps", args, out, threads=options.threads)
 
 
@@ -78,19 +103,19 @@ def label(setting: dict) -> str:
 
 def run(options: Options) -> dict:
     ranks = max(2, options.ranks)
-    link, fit = fit_link(options, ranks)
+    link, sharded, fits = fit_links(options, ranks)
     rows = []
     for index, setting in enumerate(settings(options.quick)):
         laps_1, laps_n = [], []
         for _ in range(options.pick(1, 2)):  # 1 rank, then N ranks; full mode repeats the pair
-            a, b = measure(setting, 1, options, index), measure(setting, ranks, options, index)
+            a, b = measure(setting, 1, options, index, copies=ranks), measure(setting, ranks, options, index)
             laps_1 += a["laps"]
             laps_n += b["laps"]
         single_s, measured_s = stats.summary(laps_1)["median"], stats.summary(laps_n)["median"]
         grad_bytes = a["num_params"] * 4
         knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
         if setting["variant"] in ("zero3", "fsdp"):
-            knobs["gathers"] = gather_units(setting["model"], setting["variant"])
+            knobs.update(sharded, gathers=gather_units(setting["model"], setting["variant"]))
         strategy = STRATEGY[setting["variant"]]
         predicted_s = predict.predict_step_s(strategy, single_s, grad_bytes, ranks, link, **knobs)
         no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, grad_bytes, ranks, link, **knobs)
@@ -116,13 +141,18 @@ def run(options: Options) -> dict:
                   headline("predicted/measured step time (median)", median,
                            f"median within {MEDIAN_TARGET:.0%}, worst within {WORST_TARGET:.0%}", met, text=text),
                   link={"alpha_s": rounded(link.alpha_s), "bandwidth_Bps": rounded(link.bandwidth_Bps),
-                        "allreduce_fit": {k: rounded(v) for k, v in fit.items()}},
+                        "overlaps": link.overlaps,
+                        "fits": {name: {k: rounded(v) for k, v in fit.items()} for name, fit in fits.items()}},
                   notes=["single_ms: the same variant on 1 rank (the model's input); predicted_ms: single_ms plus "
                          "the exposed communication (scaledl.predict); ratio = predicted / measured.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
-                         f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit alone."],
+                         f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit (ZeRO-3 and FSDP2: the "
+                         "reduce-scatter and all-gather fits); communication "
+                         f"{'overlaps backward' if link.overlaps else 'cannot overlap backward (every core computes)'}.",
+                         f"single_ms: the slowest of {ranks} one-rank copies run side by side, step by step "
+                         "(a synchronous step waits for its slowest rank)."],
                   # the comm suite's shape too, so `scaledl predict --comm-json predict.json` reads the fit
-                  fits={"allreduce": {k: rounded(v) for k, v in fit.items()}}, ranks=ranks,
+                  fits={name: {k: rounded(v) for k, v in fit.items()} for name, fit in fits.items()}, ranks=ranks,
                   median=median, worst=worst, threads=options.threads)
 
 

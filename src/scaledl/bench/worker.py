@@ -19,16 +19,36 @@ import time
 LAPS_TAG = "LAPS "
 
 
-def time_steps(variant, steps: int, warmup: int) -> list[float]:
-    """Seconds per step, device synchronized around each, warm-up steps left out."""
+def time_steps(variant, steps: int, warmup: int, together: tuple[str, int] | None = None) -> list[float]:
+    """Seconds per step, device synchronized around each, warm-up steps left out.
+
+    `together` (a folder, a count): wait after the warm-up until that many copies are warm, so
+    that independent one-rank copies time their steps side by side (see `wait_for_copies`)."""
     from scaledl.timing import Stopwatch
 
     watch = Stopwatch(variant.device, warmup=warmup)
-    for _ in range(warmup + steps):
+    for index in range(warmup + steps):
+        if together and index == warmup:
+            wait_for_copies(*together)
         watch.start()
         variant.step()
         watch.stop()
     return watch.laps
+
+
+def wait_for_copies(folder: str, copies: int, timeout_s: float = 300.0) -> None:
+    """A barrier between processes that share no process group: each leaves a file, then waits for
+    `copies` of them.  Files, not a collective, because the copies must stay one-rank jobs."""
+    from pathlib import Path
+
+    here = Path(folder)
+    here.mkdir(parents=True, exist_ok=True)
+    (here / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(here.glob("ready-*"))) < copies:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(list(here.glob('ready-*')))} of {copies} copies became ready in {folder}")
+        time.sleep(0.01)
 
 
 def write_result(path: str | None, rank: int, result: dict) -> None:
@@ -42,7 +62,7 @@ def steps(args) -> None:
 
     variant = variants.build(args.variant, args.micro_batch_size, args.threads, args.bucket_cap_mb,
                              model_name=args.model)
-    laps = time_steps(variant, args.steps, args.warmup)
+    laps = time_steps(variant, args.steps, args.warmup, (args.together, args.copies) if args.together else None)
     write_result(args.out, variant.rank, {"variant": args.variant, "world_size": variant.world_size,
                                           "micro_batch_size": args.micro_batch_size, "threads": args.threads,
                                           "model": args.model, "num_params": variant.num_params,
@@ -68,44 +88,55 @@ def comm(args) -> None:
 
     from scaledl import distributed
     from scaledl.bench import variants
-    from scaledl.timing import synchronize
 
     torch.set_num_threads(args.threads)
     setup = distributed.setup()
-    world_size = setup.world_size
+    # Each collective: (the call, whether its size is its rank's 1/N share).  nccl-tests' sizes:
+    # allgather's is the gathered (output) size, reducescatter's the input that each rank reduces.
     collectives = {
-        "allreduce": lambda t, out: dist.all_reduce(t),
-        "broadcast": lambda t, out: dist.broadcast(t, src=0),
-        # nccl-tests' size for allgather is the gathered (output) size: each rank sends 1/n of it.
-        "allgather": lambda t, out: dist.all_gather_into_tensor(out, t),
+        "allreduce": (lambda full, part: dist.all_reduce(full), False),
+        "broadcast": (lambda full, part: dist.broadcast(full, src=0), False),
+        "allgather": (lambda full, part: dist.all_gather_into_tensor(full, part), True),
+        "reducescatter": (lambda full, part: dist.reduce_scatter_tensor(part, full), True),
     }
-    results = {name: [] for name in collectives}
-    for size in args.sizes:
-        for name, collective in collectives.items():
-            count = max(1, size // 4 // (world_size if name == "allgather" else 1))
-            tensor = torch.ones(count, device=setup.device)
-            out = torch.empty(count * world_size, device=setup.device)
-            laps = []
-            for i in range(args.warmup + args.iters):
-                dist.barrier()
-                synchronize(setup.device)
-                start = time.perf_counter()
-                collective(tensor, out)
-                synchronize(setup.device)
-                if i >= args.warmup:
-                    laps.append(time.perf_counter() - start)
-            results[name].append({"bytes": count * 4 * (world_size if name == "allgather" else 1), "laps": laps})
+    results = time_collectives(collectives, args, setup.world_size, setup.device)
     models = {mb: variants.build("ddp", args.micro_batch_size, args.threads, bucket_cap_mb=mb)
               for mb in args.bucket_sizes_mb}
     buckets = {mb: [] for mb in args.bucket_sizes_mb}
     for round_index in range(args.rounds):  # interleaved, so drift hits every bucket size alike
         for mb in args.bucket_sizes_mb:
             buckets[mb] += time_steps(models[mb], args.steps, args.warmup if round_index == 0 else 1)
-    write_result(args.out, setup.rank, {"world_size": world_size, "device": str(setup.device),
+    write_result(args.out, setup.rank, {"world_size": setup.world_size, "device": str(setup.device),
                                         "backend": setup.backend, "collectives": results,
                                         "ddp_buckets": [{"bucket_cap_mb": mb, "laps": laps}
                                                         for mb, laps in buckets.items()]})
     distributed.teardown()
+
+
+def time_collectives(collectives: dict, args, world_size: int, device) -> dict:
+    """Per collective, per size: the seconds of each call after a barrier, warm-up calls left out."""
+    import torch
+    import torch.distributed as dist
+
+    from scaledl.timing import synchronize
+
+    results = {name: [] for name in collectives}
+    for size in args.sizes:
+        for name, (collective, sharded) in collectives.items():
+            count = max(1, size // 4 // world_size) * world_size if sharded else max(1, size // 4)
+            full = torch.ones(count, device=device)
+            part = torch.ones(count // world_size if sharded else 1, device=device)
+            laps = []
+            for i in range(args.warmup + args.iters):
+                dist.barrier()
+                synchronize(device)
+                start = time.perf_counter()
+                collective(full, part)
+                synchronize(device)
+                if i >= args.warmup:
+                    laps.append(time.perf_counter() - start)
+            results[name].append({"bytes": count * 4, "laps": laps})
+    return results
 
 
 def fusion(args) -> None:
@@ -171,6 +202,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket size (steps)")
     parser.add_argument("--bucket-sizes-mb", type=float, nargs="+", default=[25.0], help="DDP bucket sweep (comm)")
     parser.add_argument("--thresholds", type=int, nargs="+", default=[64 * 2**20])
+    parser.add_argument("--together", help="a folder: time the steps only once --copies copies are warm (steps)")
+    parser.add_argument("--copies", type=int, default=1)
     parser.add_argument("--out")
     parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher adds it
     return parser.parse_args(argv)
