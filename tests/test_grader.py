@@ -790,11 +790,56 @@ def test_tensor_parallel_mlp_check(capsys):
     fails(capsys, grader.check_tensor_parallel_mlp([None, None], [None, None], [None, None], mlp, x), "has no `y`")
 
 
+def ring(nbytes, ranks, alpha, bandwidth):
+    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes / bandwidth if ranks > 1 else 0.0
+
+
+def test_exposed_communication_check(capsys):
+    def solution(buckets, ranks, alpha, bandwidth, backward):
+        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
+        return max(each[-1], sum(each) - backward) if each else 0.0
+
+    def timeline(buckets, ranks, alpha, bandwidth, backward):  # unusual, right: when the last one ends
+        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
+        last_starts = max(backward, sum(each[:-1]))  # after backward, and after the buckets before it
+        return last_starts + each[-1] - backward
+
+    def no_overlap(buckets, ranks, alpha, bandwidth, backward):
+        return sum(ring(b, ranks, alpha, bandwidth) for b in buckets)
+
+    def last_only(buckets, ranks, alpha, bandwidth, backward):
+        return ring(buckets[-1], ranks, alpha, bandwidth)
+
+    def no_floor(buckets, ranks, alpha, bandwidth, backward):
+        return max(0.0, sum(ring(b, ranks, alpha, bandwidth) for b in buckets) - backward)
+
+    def first_as_last(buckets, ranks, alpha, bandwidth, backward):
+        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
+        return max(each[0], sum(each) - backward)
+
+    def half_ring(buckets, ranks, alpha, bandwidth, backward):
+        each = [(ranks - 1) * alpha + (ranks - 1) / ranks * b / bandwidth for b in buckets]
+        return max(each[-1], sum(each) - backward)
+
+    assert grader.check_exposed(solution)
+    verdict(capsys)
+    assert grader.check_exposed(timeline)
+    verdict(capsys)
+    fails(capsys, grader.check_exposed(no_overlap), "every bucket's time")
+    fails(capsys, grader.check_exposed(last_only), "only the last bucket")
+    fails(capsys, grader.check_exposed(no_floor), "starts only when backward ends")
+    fails(capsys, grader.check_exposed(first_as_last), "launch order")
+    fails(capsys, grader.check_exposed(half_ring), "2(N-1) alpha")
+    fails(capsys, grader.check_exposed(lambda *args: (_ for _ in ()).throw(NotImplementedError())),
+          "NotImplementedError")
+
+
 @pytest.mark.parametrize("check, args", [
     (grader.check_training_memory, (None, 10)), (grader.check_training_days, (None, 1, 1, 1, 1, 1)),
     (grader.check_samples_per_s, (None,)), (grader.check_sharding, (None,)), (grader.check_efficiency, (None, {1: 1})),
     (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)), (grader.check_parallelism_choice, (None,)),
     (grader.check_ring_prediction, (None,)), (grader.check_fusion, (None,)), (grader.check_accumulation_plan, (None,)),
+    (grader.check_exposed, (None,)),
 ])
 def test_every_check_fails_on_a_name_never_set(check, args, capsys):
     assert check(*args) is False

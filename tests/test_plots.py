@@ -140,9 +140,12 @@ def test_horovod_cycles_wait_for_every_rank_and_fuse_what_is_ready():
                  {"conv1": 0.1, "fc2": 0.5, "fc1": 1.2, "conv2": 1.3}]  # another order on rank 1
     fig = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0)
     # fc2 is ready on both ranks in the first cycle; fc1 waits for rank 1 (1.2 ms), conv1 for rank 0.
-    assert fig.reductions == [(1.0, ["fc2"]), (2.0, ["fc1", "conv2", "conv1"])]
+    # In the second, Horovod's coordinator counts rank 0's requests first (conv2, then conv1: conv1 is
+    # complete), then rank 1's (fc1, then conv2): its order, not the order of the clock.
+    assert fig.reductions == [(1.0, ["fc2"]), (2.0, ["conv1", "fc1", "conv2"])]
     small = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0, fusion_bytes=100_000)
-    assert small.reductions == [(1.0, ["fc2"]), (2.0, ["fc1"]), (2.0, ["conv2", "conv1"])]  # the buffer is full
+    # fc1 is over the threshold and between the two convolutions: three buffers.
+    assert small.reductions == [(1.0, ["fc2"]), (2.0, ["conv1"]), (2.0, ["fc1"]), (2.0, ["conv2"])]
     drawn(fig)
 
 

@@ -24,10 +24,11 @@ def test_ring_collectives_by_hand():
     assert predict.allreduce_s(1e6, 1, LINK) == 0.0 and predict.reduce_scatter_s(0, 4, LINK) == 0.0
 
 
-def test_zero_volumes_two_and_three_psi():
-    # Stages 1-2 move what all-reduce moves (2 Psi); stage 3 and FSDP2 gather once more (3 Psi).
+def test_zero_volumes_as_deepspeed_runs_them():
+    # DeepSpeed's stages 1-2 all-reduce the gradients (2 Psi) and all-gather the parameters (Psi);
+    # stage 3 and FSDP2 reduce-scatter (Psi) and gather twice (2 Psi).
     for stage in ("zero1", "zero2"):
-        assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(1.56e-3)
+        assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(1.56e-3 + 7.8e-4)
     for stage in ("zero3", "fsdp2"):
         assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(3 * 7.8e-4)
 
@@ -114,6 +115,16 @@ def test_table_and_figure_for_the_lessons():
     assert len(rows) == 6 and all(row["efficiency"] == 1.0 for row in rows if row["ranks"] == 1)
     assert all(0 < row["efficiency"] < 1 for row in rows if row["ranks"] > 1)
     assert len(fig.axes[0].lines) >= 3
+
+
+def test_figure_draws_full_nodes_and_keeps_coinciding_lines_visible():
+    rows, fig = predict.predict(0.05, 10**9, "polaris", ranks=(1, 4, 8, 16), strategies=("ddp", "ddp_no_overlap"))
+    lines = {line.get_label(): line for line in fig.axes[0].lines}
+    # 1 rank and 4 ranks are both one node: only the full node is drawn, once per node count.
+    assert list(lines["ddp"].get_xdata()) == [1, 2, 4]
+    assert lines["ddp"].get_ydata()[0] == next(r["efficiency"] for r in rows if r["strategy"] == "ddp" and r["ranks"] == 4)
+    assert lines["ddp_no_overlap"].get_linestyle() != lines["ddp"].get_linestyle()
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "4"]
 
 
 def scaledl_predict(*args, cwd=None):

@@ -663,6 +663,58 @@ def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps
     return _verdict(True, "lr ramps linearly from the base lr to lr x global/base batch, then stays there")
 
 
+MIB = 2**20
+# (buckets in launch order, ranks, alpha, bandwidth, backward): a long backward (only the last bucket
+# shows), a short one (the overflow shows), buckets of unequal size (first and last differ), one
+# bucket, one rank.
+_EXPOSED_CASES = [([25 * MIB, 25 * MIB, 10 * MIB], 4, 10e-6, 10e9, 0.2),
+                  ([25 * MIB, 25 * MIB, 10 * MIB], 4, 10e-6, 10e9, 0.004),
+                  ([1 * MIB, 24 * MIB], 8, 50e-6, 5e9, 0.003),
+                  ([100 * MIB], 16, 20e-6, 25e9, 0.05),
+                  ([25 * MIB, 5 * MIB], 1, 10e-6, 10e9, 0.01)]
+
+
+def check_exposed(exposed_s) -> bool:
+    """`exposed_s(buckets, ranks, alpha_s, bandwidth_Bps, backward_s)`: the seconds of DDP's
+    bucketed all-reduce that backward does not hide (scaledl.predict.bucketed_s with overlap):
+    each bucket a ring all-reduce, one after another; the last starts when backward ends, so it is
+    always exposed, and what did not fit under backward is too."""
+    from scaledl import predict
+
+    if exposed_s is None:
+        return _unfinished("exposed_s")
+    for buckets, ranks, alpha, bandwidth, backward in _EXPOSED_CASES:
+        link = predict.Link(alpha, bandwidth)
+        each = [predict.allreduce_s(b, ranks, link) for b in buckets]
+        want = predict.bucketed_s(buckets, ranks, link, backward, overlap=True)
+        case = (f"buckets of {', '.join(f'{b / MIB:g}' for b in buckets)} MiB on {ranks} ranks, alpha "
+                f"{alpha * 1e6:g} us, {bandwidth / 1e9:g} GB/s, backward {backward * 1e3:g} ms")
+        try:
+            got = float(exposed_s(list(buckets), ranks, alpha, bandwidth, backward))
+        except NotImplementedError:
+            return _verdict(False, "exposed_s still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:
+            return _verdict(False, f"{case}: exposed_s raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+            continue
+        total = sum(each)
+        if ranks > 1 and math.isclose(got, total, rel_tol=1e-6):
+            hint = "that is every bucket's time: the buckets before the last run while backward still computes"
+        elif math.isclose(got, each[-1], rel_tol=1e-6):
+            hint = "only the last bucket: when backward is short, what did not fit under it is exposed too"
+        elif any(math.isclose(got, v, rel_tol=1e-6, abs_tol=1e-12) for v in (total - backward, max(0.0, total - backward))):
+            hint = "total minus backward can be below the last bucket, which starts only when backward ends"
+        elif len(each) > 1 and math.isclose(got, max(each[0], total - backward), rel_tol=1e-6):
+            hint = "the buckets are in launch order: the last one in the list goes when backward ends"
+        elif ranks == 1:
+            hint = "one rank has nothing to all-reduce"
+        else:
+            hint = "each bucket is a ring all-reduce, 2(N-1) alpha + 2(N-1)/N n / bandwidth, one after another"
+        return _verdict(False, f"{case}: {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms: {hint}")
+    return _verdict(True, "the last bucket, or what did not fit under backward, whichever is longer")
+
+
 # ----------------------------------------------------------------------------- DeepSpeed and ZeRO
 
 def deepspeed_batch(config: dict, world_size: int) -> tuple[int, int, int]:

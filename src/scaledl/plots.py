@@ -298,8 +298,18 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     ready = {name: max(rank[name] for rank in submitted) for name in names}  # the last rank's submission
     ticks = math.ceil(max(ready.values()) / cycle_ms + 1e-9)
     reductions = []  # (tick ms, [names]) per fused all-reduce
+    counts = dict.fromkeys(names, 0)
     for tick in range(1, ticks + 1):
-        due = sorted((name for name in names if tick - 1 < ready[name] / cycle_ms <= tick), key=ready.get)
+        # Horovod's order: the coordinator counts this cycle's requests rank by rank (its own, then
+        # rank 1's, ...), each rank's in the order it made them; a tensor is due when its count
+        # reaches the world size (Controller::ComputeResponseList and IncrementTensorCount,
+        # horovod/common/controller.cc, 0.28.1).
+        due = []
+        for rank in submitted:
+            for name in sorted((n for n in names if tick - 1 < rank[n] / cycle_ms <= tick), key=rank.get):
+                counts[name] += 1
+                if counts[name] == len(submitted):
+                    due.append(name)
         buffer, used = [], 0
         for name in due:
             if buffer and used + sizes[name] > fusion_bytes:

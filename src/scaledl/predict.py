@@ -22,9 +22,13 @@ The model (each formula below cites where it comes from):
 * Horovod fuses gradients that are ready into one all-reduce of at most the fusion threshold, once
   per cycle; defaults 128 MB and 1 ms (horovodrun --help, horovod/runner/launch.py, 0.28.1).  A
   gradient waits on average half a cycle before its cycle starts.
-* ZeRO stages 1 and 2 move 2 Psi bytes per rank, as all-reduce does (a reduce-scatter of the
-  gradients, an all-gather of the updated parameters); stage 3 and FSDP2 gather the parameters
-  again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).  They gather one
+* ZeRO stages 1 and 2, as the paper counts them, move 2 Psi bytes per rank, as all-reduce does (a
+  reduce-scatter of the gradients, an all-gather of the updated parameters); stage 3 and FSDP2
+  gather the parameters again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).
+  DeepSpeed 0.19.8 runs stages 1 and 2 otherwise by default: it all-reduces each gradient bucket
+  and keeps its own part (stage_1_and_2.py, `average_tensor` -> `allreduce_and_scatter`, with
+  `use_multi_rank_bucket_allreduce=True`), then all-gathers the updated parameters
+  (`all_gather_dp_groups`): 3 Psi, predicted so here.  They gather one
   unit at a time (FSDP2: each `fully_shard` module; DeepSpeed stage 3: each submodule holding
   parameters, fetched by its PartitionedParameterCoordinator), so with `gathers` units the
   bytes are the same but the latency is paid `gathers` times per pass.
@@ -80,8 +84,8 @@ class System:
 # "connected via NVLink"; 600 GB/s of NVLink per A100 (NVIDIA's A100 datasheet: both directions, 12
 # links of 25 GB/s each way; ALCF's table puts the figure in its column of node totals), and the
 # affinity table shows NV4 between every pair: a ring's edge (one pair) carries 4 x 25 GB/s each way.
-# Between nodes, "a pair of slingshot network adapters" (Slingshot 10 then, "scheduled to be upgraded
-# to slingshot 11"); a Slingshot 11 port runs at 200 Gb/s = 25 GB/s
+# Between nodes, "a pair of Slingshot 11 network adapters" (the overview as it reads now; its 2022
+# text said Slingshot 10, to be upgraded); a Slingshot 11 port runs at 200 Gb/s = 25 GB/s
 # (alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node injects 2 x 25 GB/s.
 # Nominal peaks, not measured; the alphas are nominal too (order of an NCCL
 # ring step on NVLink and of a Slingshot MPI latency), so replace both with a `scaledl bench comm`
@@ -164,8 +168,8 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
     if strategy == "horovod":
         return bucketed_s(chunks(grad_bytes, fusion_bytes or grad_bytes), ranks, link, backward_s, link.overlaps,
                           cycle_s / 2 if ranks > 1 else 0.0)
-    if strategy in ("zero1", "zero2"):  # 2 Psi: reduce-scatter gradients, all-gather parameters
-        return reduce_scatter_s(grad_bytes, ranks, link) + all_gather_s(grad_bytes, ranks, link)
+    if strategy in ("zero1", "zero2"):  # DeepSpeed: all-reduce the gradients, all-gather the parameters
+        return allreduce_s(grad_bytes, ranks, link) + all_gather_s(grad_bytes, ranks, gather_link or link)
     if strategy in ("zero3", "fsdp2"):  # 3 Psi: parameters gathered for forward and again for backward, per unit
         return (reduce_scatter_s(grad_bytes, ranks, scatter_link or link)
                 + 2 * gathers * all_gather_s(grad_bytes / gathers, ranks, gather_link or link))
@@ -224,17 +228,33 @@ def figure(rows: list[dict], measured: list[dict] | None = None, title: str = ""
     ax = fig.subplots()
     x_key = "nodes" if rows and rows[0]["nodes"] is not None else "ranks"
     colors = {}
+    styles = {"ddp_no_overlap": ":", "horovod": "-."}  # where lines coincide, the dotted one stays visible
     for strategy in dict.fromkeys(row["strategy"] for row in rows):
         points = [row for row in rows if row["strategy"] == strategy]
-        line, = ax.plot([row[x_key] for row in points], [row["efficiency"] for row in points], "-", label=strategy)
+        if x_key == "nodes":  # per node count, the full nodes: 1 rank and 4 ranks are both "1 node"
+            fullest = {}
+            for row in points:
+                if row["nodes"] not in fullest or row["ranks"] > fullest[row["nodes"]]["ranks"]:
+                    fullest[row["nodes"]] = row
+            points = sorted(fullest.values(), key=lambda row: row["nodes"])
+        line, = ax.plot([row[x_key] for row in points], [row["efficiency"] for row in points],
+                        styles.get(strategy, "-"), lw=2 if strategy in styles else 1.5, label=strategy)
         colors[strategy] = line.get_color()
     for point in measured or []:
         ax.plot(point.get(x_key, point.get("ranks")), point["efficiency"], "o", ms=8, mec="black",
                 color=colors.get(point["strategy"], "black"))
     if measured:
         ax.plot([], [], "o", color="gray", mec="black", label="measured")
-    ax.set(xscale="log", xlabel=x_key, ylabel="weak-scaling efficiency t(1) / t(N)", ylim=(0, 1.05),
-           title=title or "predicted (lines) and measured (points)")
+    xs = [row[x_key] for row in rows]
+    wide = bool(xs) and max(xs) / max(min(xs), 1) > 8
+    ax.set(xscale="log" if wide else "linear", xlabel=x_key, ylabel="weak-scaling efficiency t(1) / t(N)",
+           ylim=(0, 1.05), title=title or "predicted (lines) and measured (points)")
+    if xs:  # the counts themselves as ticks, written as whole numbers (not 10^0, 2x10^0)
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        ax.set_xticks(sorted(set(xs)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.legend(fontsize=8)
     fig.tight_layout()

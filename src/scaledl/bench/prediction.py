@@ -2,8 +2,8 @@
 
 First the link is measured the way `scaledl bench comm` measures it: all-reduce times over
 message sizes on N ranks, fitted to alpha + beta n and read back to one ring link
-(scaledl.predict.link_from_fit); reduce-scatter and all-gather get fits of their own for ZeRO-3
-and FSDP2.  Nothing below feeds back into those fits.  Then, for each setting (model width, micro batch, DDP bucket size,
+(scaledl.predict.link_from_fit); reduce-scatter and all-gather get fits of their own for the
+ZeRO stages and FSDP2.  Nothing below feeds back into those fits.  Then, for each setting (model width, micro batch, DDP bucket size,
 ZeRO stage: each moves the share of the step that is communication), the same variant runs as
 N one-rank copies side by side (the single-device step the model takes as input: the node as
 full as in the real job, and per step the slowest copy, since a synchronous step waits for its
@@ -114,8 +114,10 @@ def run(options: Options) -> dict:
         single_s, measured_s = stats.summary(laps_1)["median"], stats.summary(laps_n)["median"]
         grad_bytes = a["num_params"] * 4
         knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
+        if setting["variant"] != "ddp":  # the ZeRO stages and FSDP2 gather (and at 3, scatter) on their own fits
+            knobs.update(sharded)
         if setting["variant"] in ("zero3", "fsdp"):
-            knobs.update(sharded, gathers=gather_units(setting["model"], setting["variant"]))
+            knobs["gathers"] = gather_units(setting["model"], setting["variant"])
         strategy = STRATEGY[setting["variant"]]
         predicted_s = predict.predict_step_s(strategy, single_s, grad_bytes, ranks, link, **knobs)
         no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, grad_bytes, ranks, link, **knobs)
@@ -146,8 +148,8 @@ def run(options: Options) -> dict:
                   notes=["single_ms: the same variant on 1 rank (the model's input); predicted_ms: single_ms plus "
                          "the exposed communication (scaledl.predict); ratio = predicted / measured.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
-                         f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit (ZeRO-3 and FSDP2: the "
-                         "reduce-scatter and all-gather fits); communication "
+                         f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit (ZeRO and FSDP2 gather "
+                         "and scatter on their own fits); communication "
                          f"{'overlaps backward' if link.overlaps else 'cannot overlap backward (every core computes)'}.",
                          f"single_ms: the slowest of {ranks} one-rank copies run side by side, step by step "
                          "(a synchronous step waits for its slowest rank)."],
