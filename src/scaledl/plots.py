@@ -185,7 +185,7 @@ def ddp_timeline(events_by_rank: list):
                     outside += 1
     ax.set(yticks=yticks, yticklabels=ylabels, xlabel="ms since backward started", xlim=(0, span_ms * 1.02),
            ylim=(-0.9, (len(events_by_rank) - 1) * 3.2 + 2.3),
-           title="DDP on every rank: backward layer by layer, all-reduce bucket by bucket")
+           title="DDP on every rank (torch.profiler): backward op by op, all-reduce bucket by bucket")
     return fig
 
 
