@@ -790,10 +790,6 @@ def test_tensor_parallel_mlp_check(capsys):
     fails(capsys, grader.check_tensor_parallel_mlp([None, None], [None, None], [None, None], mlp, x), "has no `y`")
 
 
-def ring(nbytes, ranks, alpha, bandwidth):
-    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * nbytes / bandwidth if ranks > 1 else 0.0
-
-
 def test_exposed_communication_check(capsys):
     def solution(buckets, ranks, alpha, bandwidth, backward):
         each = [ring(b, ranks, alpha, bandwidth) for b in buckets]

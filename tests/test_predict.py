@@ -122,7 +122,8 @@ def test_figure_draws_full_nodes_and_keeps_coinciding_lines_visible():
     lines = {line.get_label(): line for line in fig.axes[0].lines}
     # 1 rank and 4 ranks are both one node: only the full node is drawn, once per node count.
     assert list(lines["ddp"].get_xdata()) == [1, 2, 4]
-    assert lines["ddp"].get_ydata()[0] == next(r["efficiency"] for r in rows if r["strategy"] == "ddp" and r["ranks"] == 4)
+    four = next(r for r in rows if r["strategy"] == "ddp" and r["ranks"] == 4)
+    assert lines["ddp"].get_ydata()[0] == four["efficiency"]
     assert lines["ddp_no_overlap"].get_linestyle() != lines["ddp"].get_linestyle()
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "4"]
 

@@ -703,7 +703,8 @@ def check_exposed(exposed_s) -> bool:
             hint = "that is every bucket's time: the buckets before the last run while backward still computes"
         elif math.isclose(got, each[-1], rel_tol=1e-6):
             hint = "only the last bucket: when backward is short, what did not fit under it is exposed too"
-        elif any(math.isclose(got, v, rel_tol=1e-6, abs_tol=1e-12) for v in (total - backward, max(0.0, total - backward))):
+        elif any(math.isclose(got, v, rel_tol=1e-6, abs_tol=1e-12)
+                 for v in (total - backward, max(0.0, total - backward))):
             hint = "total minus backward can be below the last bucket, which starts only when backward ends"
         elif len(each) > 1 and math.isclose(got, max(each[0], total - backward), rel_tol=1e-6):
             hint = "the buckets are in launch order: the last one in the list goes when backward ends"

@@ -3,13 +3,13 @@
 First the link is measured the way `scaledl bench comm` measures it: all-reduce times over
 message sizes on N ranks, fitted to alpha + beta n and read back to one ring link
 (scaledl.predict.link_from_fit); reduce-scatter and all-gather get fits of their own for the
-ZeRO stages and FSDP2.  Nothing below feeds back into those fits.  Then, for each setting (model width, micro batch, DDP bucket size,
-ZeRO stage: each moves the share of the step that is communication), the same variant runs as
-N one-rank copies side by side (the single-device step the model takes as input: the node as
-full as in the real job, and per step the slowest copy, since a synchronous step waits for its
-slowest rank) and on N ranks under a real launcher (what it must predict).  The prediction is
-that step plus the exposed communication of the strategy; the table gives predicted / measured
-for every setting and the headline their median and worst.
+ZeRO stages and FSDP2.  Nothing below feeds back into those fits.  Then, for each setting (model
+width, micro batch, DDP bucket size, ZeRO stage: each moves the share of the step that is
+communication), the same variant runs as N one-rank copies side by side (the single-device step
+the model takes as input: the node as full as in the real job, and per step the slowest copy,
+since a synchronous step waits for its slowest rank) and on N ranks under a real launcher (what it
+must predict).  The prediction is that step plus the exposed communication of the strategy; the
+table gives predicted / measured for every setting and the headline their median and worst.
 DDP overlaps its buckets with backward only where the link allows it (`Link.overlaps`: not on
 a CPU whose every core computes); the column without overlap is there to explain.
 """
@@ -145,14 +145,15 @@ def run(options: Options) -> dict:
                   link={"alpha_s": rounded(link.alpha_s), "bandwidth_Bps": rounded(link.bandwidth_Bps),
                         "overlaps": link.overlaps,
                         "fits": {name: {k: rounded(v) for k, v in fit.items()} for name, fit in fits.items()}},
-                  notes=["single_ms: the same variant on 1 rank (the model's input); predicted_ms: single_ms plus "
-                         "the exposed communication (scaledl.predict); ratio = predicted / measured.",
+                  notes=[f"single_ms: the model's input, the slowest of {ranks} one-rank copies of the same variant "
+                         "run side by side, step by step (a synchronous step waits for its slowest rank); "
+                         "predicted_ms: single_ms plus the exposed communication (scaledl.predict); "
+                         "ratio = predicted / measured.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
                          f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit (ZeRO and FSDP2 gather "
-                         "and scatter on their own fits); communication "
-                         f"{'overlaps backward' if link.overlaps else 'cannot overlap backward (every core computes)'}.",
-                         f"single_ms: the slowest of {ranks} one-rank copies run side by side, step by step "
-                         "(a synchronous step waits for its slowest rank)."],
+                         "and scatter on their own fits); communication " + (
+                             "overlaps backward." if link.overlaps
+                             else "cannot overlap backward (every core computes).")],
                   # the comm suite's shape too, so `scaledl predict --comm-json predict.json` reads the fit
                   fits={name: {k: rounded(v) for k, v in fit.items()} for name, fit in fits.items()}, ranks=ranks,
                   median=median, worst=worst, threads=options.threads)
