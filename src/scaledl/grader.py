@@ -156,7 +156,7 @@ def check_parallelism_choice(choose) -> bool:
         else:
             why = (f"sharding divides the {state_gb:g} GB of states over {world_size} ranks "
                    f"({state_gb / world_size:g} GB) but each rank still keeps its own {act_gb:g} GB of activations: "
-                   f"over {device_gb:g} GB, so the model itself must be split")
+                   f"over {device_gb:g} GB, so the layers themselves must be split (or their activations recomputed)")
         return _verdict(False, f"{case}: you said {answer}, the answer is {want}: {why}")
     return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes a parameter) plus activations "
                           "decide data, sharded (1/world_size of the states) or model parallelism")

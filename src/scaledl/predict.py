@@ -80,7 +80,7 @@ class System:
     source: str = ""
 
 
-# Polaris (docs.alcf.anl.gov/polaris/hardware-overview/machine-overview): 4 A100 per node
+# Polaris (docs.alcf.anl.gov/polaris/): 4 A100 per node
 # "connected via NVLink"; 600 GB/s of NVLink per A100 (NVIDIA's A100 datasheet: both directions, 12
 # links of 25 GB/s each way; ALCF's table puts the figure in its column of node totals), and the
 # affinity table shows NV4 between every pair: a ring's edge (one pair) carries 4 x 25 GB/s each way.
@@ -96,8 +96,8 @@ POLARIS = System(
                       "(NVIDIA A100 datasheet); alpha nominal"),
     Link(10e-6, 2 * 25e9, "2 Slingshot NICs per node (ALCF Polaris machine overview) at Slingshot 11's 200 Gb/s "
                           "(ALCF Slingshot page); alpha nominal"),
-    "https://docs.alcf.anl.gov/polaris/hardware-overview/machine-overview")
-# Aurora (docs.alcf.anl.gov/aurora/hardware-overview/machine-overview): 6 GPUs of 2 tiles (12 ranks
+    "https://docs.alcf.anl.gov/polaris/")
+# Aurora (docs.alcf.anl.gov/aurora/): 6 GPUs of 2 tiles (12 ranks
 # per node), "connected all-to-all with Intel Xe Link", "8 HPE Slingshot-11 NICs" per node: 8 x 25 GB/s.
 # ALCF's overview gives no Xe Link bandwidth: the intra-node number is an assumption (a tile's share
 # of its GPU's links), to be replaced by a measured fit.
@@ -105,7 +105,7 @@ AURORA = System(
     "aurora", 12,
     Link(5e-6, 100e9, "assumed: ALCF's overview gives no Xe Link bandwidth; alpha nominal"),
     Link(10e-6, 8 * 25e9, "8 Slingshot 11 NICs x 200 Gb/s per node (ALCF Aurora machine overview); alpha nominal"),
-    "https://docs.alcf.anl.gov/aurora/hardware-overview/machine-overview")
+    "https://docs.alcf.anl.gov/aurora/")
 SYSTEMS = {"polaris": POLARIS, "aurora": AURORA}
 
 
