@@ -234,6 +234,19 @@ def test_torchrun():
     check_two_local_ranks(reports(result.stdout), "torchrun")
 
 
+def test_launchers_without_their_scripts_run_with_this_python(tmp_path, monkeypatch):
+    # A venv over a site's module has no torchrun or deepspeed script of its own: the launcher then
+    # runs as this Python's module, so that its ranks see this Python's packages; then for real.
+    assert launchers.launcher_command("torchrun") == [tool("torchrun")]  # this venv has the script
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert launchers.launcher_command("torchrun") == [str(tmp_path / "python"), "-m", "torch.distributed.run"]
+    assert launchers.launcher_command("deepspeed")[1:] == ["-m", "deepspeed.launcher.runner"]
+    monkeypatch.undo()
+    result = run([sys.executable, "-m", launchers.LAUNCHER_MODULES["torchrun"], "--standalone", "--nproc_per_node=2",
+                  str(PROBES / "env_probe.py")])
+    check_two_local_ranks(reports(result.stdout), "torchrun")
+
+
 @pytest.mark.slow
 def test_open_mpi_mpirun():
     result = run(["mpirun", "-np", "2", sys.executable, str(PROBES / "env_probe.py")])

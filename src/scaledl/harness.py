@@ -151,6 +151,8 @@ class Run:
             yield epoch
             if not self.done:
                 self.epoch = epoch + 1
+        if self.history.pending_steps:  # the last interval ends at its last step, not after the test and the save
+            self.log_metrics()
         self.end_training()
 
     def batches(self, loader):

@@ -146,7 +146,7 @@ def _local(nranks, nodes, ppn, target, env, python, dry_run):
     if problem:  # torchrun's agent would retry for minutes without a word
         raise LaunchError(f"{problem}; torchrun's rendezvous needs it")
     if target.is_script:
-        command = [launchers.tool("torchrun"), "--standalone", f"--nproc_per_node={nranks}",
+        command = [*launchers.launcher_command("torchrun"), "--standalone", f"--nproc_per_node={nranks}",
                    target.program, *target.args]
     else:
         command = launchers.torchrun(nranks, target.program, target.args)

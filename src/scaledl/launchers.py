@@ -54,12 +54,30 @@ def tool(name: str) -> str:
     return beside if os.path.exists(beside) else (shutil.which(name) or name)
 
 
+# The launchers' own modules.  A venv made over a site's framework module (--system-site-packages,
+# as `make setup SYSTEM=polaris` makes it) has no console scripts for the module's packages, and
+# the module's script on PATH would start the ranks with the module's Python, which does not see
+# this venv's packages (scaledl among them): run the launcher with this Python instead.
+LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "deepspeed": "deepspeed.launcher.runner"}
+
+
+def launcher_command(name: str) -> list[str]:
+    """How to start a launcher so that its ranks run this Python: its script beside this Python,
+    else `python -m` its module (torchrun, deepspeed), else the script on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.exists(beside):
+        return [beside]
+    if name in LAUNCHER_MODULES:
+        return [sys.executable, "-m", LAUNCHER_MODULES[name]]
+    return [shutil.which(name) or name]
+
+
 def python_module(module: str, args=()) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
 def torchrun(nproc: int, module: str, args=()) -> list[str]:
-    return [tool("torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+    return [*launcher_command("torchrun"), "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
 
 
 def mpirun(nproc: int, module: str, args=()) -> list[str]:
@@ -73,7 +91,8 @@ def horovodrun(nproc: int, module: str, args=(), controller: str = "gloo") -> li
 
 def deepspeed(nproc: int, module: str, args=()) -> list[str]:
     # The launcher's default port is a fixed 29500: two jobs on one node would collide.
-    return [tool("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}", "--module", module, *args]
+    return [*launcher_command("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}", "--module",
+            module, *args]
 
 
 def for_launcher(launcher: str, nproc: int, module: str, args=()) -> list[str]:

@@ -37,8 +37,8 @@ def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = Fals
         "gradient_accumulation_steps": 1,
         "train_batch_size": config.batch_size * world_size,  # DeepSpeed checks micro x accumulation x ranks
         "zero_optimization": zero,
-        # DeepSpeed clips the gradient norm to 1.0 unless told otherwise; no other rung clips,
-        # and a silent clip makes the same run train differently here.
+        # DeepSpeed 0.19.3 and later clip the gradient norm to 1.0 unless told otherwise (older ones do
+        # not); no other rung clips, and a silent clip makes the same run train differently here.
         "gradient_clipping": 0.0,
         "bf16": {"enabled": config.precision == "bf16"},
         "fp16": {"enabled": config.precision == "fp16", "initial_scale_power": 16},
