@@ -64,12 +64,9 @@ LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "deepspeed": "deepspeed
 def launcher_command(name: str) -> list[str]:
     """How to start a launcher so that its ranks run this Python: its script beside this Python,
     else `python -m` its module (torchrun, deepspeed), else the script on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    if os.path.exists(beside):
-        return [beside]
-    if name in LAUNCHER_MODULES:
+    if name in LAUNCHER_MODULES and not os.path.exists(os.path.join(os.path.dirname(sys.executable), name)):
         return [sys.executable, "-m", LAUNCHER_MODULES[name]]
-    return [shutil.which(name) or name]
+    return [tool(name)]
 
 
 def python_module(module: str, args=()) -> list[str]:

@@ -69,9 +69,6 @@ def run_together(copies: int, mode: str, args: list, out: Path, threads: int = 1
         log.close()
         if code != 0 or not path.is_file():
             failed.append(f"{path.with_suffix('.log')} (exit {code})")
-    for path, _, process in started:
-        if process.poll() is None:
-            process.kill()
     shutil.rmtree(folder, ignore_errors=True)
     if failed:
         raise WorkerError(f"{copies} copies of the worker together: failed: {', '.join(failed)}")
