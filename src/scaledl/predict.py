@@ -160,8 +160,9 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
     """Seconds per step that communication adds to the single-device step, for one strategy.
 
     `gather_link`, `scatter_link`: the sharded strategies' all-gather and reduce-scatter read from
-    their own fits (`half_link_from_fit`) where the backend does not run them as half a ring (here,
-    Gloo's reduce-scatter of 16 MB on 2 ranks took 20 ms where half its all-reduce took 7); else `link`."""
+    their own fits (`half_link_from_fit`) where the backend does not run them as half a ring (in a
+    `scaledl bench predict` run here, Gloo's reduce-scatter of 16 MB on 2 ranks took 13.2 ms, about as
+    long as the whole all-reduce's 13.9); else `link`."""
     if strategy in ("ddp", "ddp_no_overlap"):
         return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s,
                           strategy == "ddp" and link.overlaps)
