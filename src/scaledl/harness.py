@@ -152,7 +152,7 @@ class Run:
             if not self.done:
                 self.epoch = epoch + 1
         if self.history.pending_steps:  # the last interval ends at its last step, not after the test and the save
-            self.log_metrics()
+            self.history.log(self.history.total_steps)  # the record report.finish would write, without a log line
         self.end_training()
 
     def batches(self, loader):
