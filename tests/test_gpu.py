@@ -135,3 +135,20 @@ def test_binding_check_reads_this_nodes_gpus():
                 assert binding.this_rank(device, local_rank=index).verdict == "far"
     finally:
         os.sched_setaffinity(0, before)
+
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+@pytest.mark.parametrize("stage", [0, 3])
+def test_deepspeed_where_each_rank_sees_only_its_own_gpu(stage):
+    """Polaris' affinity wrapper (and `srun --gpus-per-task=1`) shows a rank only its own GPU, as cuda:0,
+    while LOCAL_RANK stays the rank's place on the node.  DeepSpeed sets the device from LOCAL_RANK
+    (and ZeRO-3 builds cuda:<LOCAL_RANK>): the probe, one rank on GPU 0 told LOCAL_RANK=1, builds the
+    engine as the DeepSpeed rung does and steps it; without `distributed.deepspeed_sees` it fails with
+    an invalid device ordinal on a 1-GPU node."""
+    from conftest import reports, run
+
+    result = run(["python", str(ROOT / "tests" / "probes" / "deepspeed_device_probe.py"), str(stage)], timeout=600,
+                 nproc=1, env={"CUDA_VISIBLE_DEVICES": "0"})
+    [found] = reports(result.stdout)
+    assert found["engine_device"] == "cuda:0" and found["local_rank"] == "0" and found["steps"] == 2

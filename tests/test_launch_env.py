@@ -302,3 +302,25 @@ def test_launches_on_a_host_whose_name_does_not_resolve_stop_at_one_line(monkeyp
         demo.check(tmp_path / "demo", ["ddp"], overwrite=False, nproc=None)
     demo.check(tmp_path / "demo", ["single_torch"], overwrite=False, nproc=None)  # one process: no launcher
     assert not (tmp_path / "demo").exists()
+
+
+def test_deepspeed_is_pointed_at_the_device_the_rank_sees():
+    """DeepSpeed reads LOCAL_RANK as the GPU's index: where a rank sees only its own GPU (Polaris'
+    wrapper: local rank 3 on cuda:0) LOCAL_RANK follows the device, and Open MPI's copy with it; a rank
+    that sees every GPU (cuda:<local_rank>) and a CPU rank keep theirs."""
+    import torch
+
+    from scaledl import distributed
+
+    wrapped = {"LOCAL_RANK": "3", "PALS_LOCAL_RANKID": "3"}
+    distributed.deepspeed_sees(torch.device("cuda", 0), wrapped)
+    assert wrapped == {"LOCAL_RANK": "0", "PALS_LOCAL_RANKID": "3"}
+    under_openmpi = {"LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}
+    distributed.deepspeed_sees(torch.device("xpu", 0), under_openmpi)
+    assert under_openmpi == {"LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    every_gpu = {"LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}
+    distributed.deepspeed_sees(torch.device("cuda", 2), every_gpu)
+    assert every_gpu == {"LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}
+    on_cpu = {"LOCAL_RANK": "1"}
+    distributed.deepspeed_sees(torch.device("cpu"), on_cpu)
+    assert on_cpu == {"LOCAL_RANK": "1"}

@@ -69,7 +69,7 @@ def test_allreduce_cost_is_log_log_with_the_model_line():
 def test_sampler_order_and_ddp_timeline():
     orders = {"forgotten": [[3, 1, 2, 0]] * 3, "set_epoch": [[3, 1, 2, 0], [0, 2, 1, 3], [1, 0, 3, 2]]}
     fig = plots.sampler_order(orders, 4)
-    assert len(fig.axes) == 2
+    assert len(fig.axes) == 3 and fig.axes[2].get_ylabel() == "sample index"  # two panels and their colour key
     drawn(fig)
     events = [("backward", "Linear 9", 0.0, 0.001), ("backward", "Conv2d 0", 0.003, 0.006),
               ("all-reduce", "bucket 0", 0.0012, 0.004), ("all-reduce", "bucket 1", 0.0061, 0.007)]
@@ -179,6 +179,11 @@ def test_accumulation_timeline_marks_each_window():
     assert labels == ["forward", "backward", "all-reduce", "step()", "optimizer step"]
     widths = [patch.get_width() for patch in fig.axes[0].patches]
     assert min(widths) >= 0.004 * 58  # a step() of 0.01 ms still shows
+    # A dashed end of window on each rank's own row, at its own optimizer step: 2 ranks x 2 windows.
+    dashed = sorted((tuple(round(x, 6) for x in line.get_xdata()), tuple(round(y, 6) for y in line.get_ydata()))
+                    for line in fig.axes[0].get_lines())
+    assert dashed == [((28.01, 28.01), (-0.45, 0.45)), ((28.01, 28.01), (0.55, 1.45)),
+                      ((58.01, 58.01), (-0.45, 0.45)), ((58.01, 58.01), (0.55, 1.45))]
     drawn(fig)
 
 

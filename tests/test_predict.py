@@ -40,6 +40,29 @@ def test_zero3_gathers_per_unit_pay_the_latency_per_unit():
         predict.exposed_comm_s("zero3", 1e6, 4, BANDWIDTH_ONLY, 0.0))
 
 
+def test_deepspeed_stage3_keeps_what_runs_again_soon_and_small_parameters_whole():
+    # Three units in forward order: 200k + 100k elements, 300M, 400M.  The 100k-element parameter is
+    # at the 1e5 persistence threshold: whole through forward and backward, gathered once after the
+    # optimizer step.  After unit 0, 700M elements run before its backward comes back,
+    # 2 x 700M = 1.4e9 >= 1e9: freed and gathered again; units 1 (2 x 400M) and 2 (0) stay.
+    units = [[200_000, 100_000], [300_000_000], [400_000_000]]
+    total = 700_300_000
+    knobs = predict.deepspeed_zero3_gathers(units)
+    assert knobs == {"gathers": 3, "gathered": pytest.approx(700_200_000 / total), "regathers": 1,
+                     "regathered": pytest.approx(200_000 / total), "persistent": pytest.approx(100_000 / total)}
+    # One element more and it is partitioned like the rest.
+    assert predict.deepspeed_zero3_gathers([[100_001]])["persistent"] == 0.0
+    # With the distance at 0 every unit comes back (the paper's count), persistent elements aside.
+    every_unit_again = predict.deepspeed_zero3_gathers(units, max_reuse_distance=0)
+    assert every_unit_again["regathered"] == pytest.approx(700_200_000 / total)
+    # On 2 ranks, 1 GB of gradients, no latency: reduce-scatter 0.5 s; then half a second per whole
+    # gather, times the share each pass moves: forward, backward, after the step.
+    expected = 0.5 + 0.5 * 700_200_000 / total + 0.5 * 200_000 / total + 0.5 * 100_000 / total
+    assert predict.exposed_comm_s("zero3", 1e9, 2, BANDWIDTH_ONLY, 0.0, **knobs) == pytest.approx(expected)
+    # Latency once per collective: the reduce-scatter, 3 units forward, 1 backward, 1 after the step.
+    assert predict.exposed_comm_s("zero3", 1e-30, 2, LINK, 0.0, **knobs) == pytest.approx((1 + 3 + 1 + 1) * 1e-5)
+
+
 def test_ddp_buckets_with_and_without_overlap():
     # 60 MiB in 25 MiB buckets: 25, 25, 10 MiB; 2 ranks, no latency: each costs bytes / 1e9 s.
     assert predict.chunks(60 * MIB, 25 * MIB) == [25 * MIB, 25 * MIB, 10 * MIB]
@@ -192,6 +215,8 @@ def test_quick_bench_predict_runs_for_real(tmp_path):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
         assert row["ratio"] == pytest.approx(row["predicted_ms"] / row["measured_ms"], rel=2e-3)
         assert row["predicted_ms"] >= row["single_ms"] and row["ranks"] == 2
+        low, high = map(float, row["ratio_range"].split("-"))
+        assert low - 0.005 <= row["ratio"] <= high + 0.005  # the row is one of the repeated pairs
     assert data["link"]["alpha_s"] >= 0 and data["link"]["bandwidth_Bps"] > 0
     last = [line for line in output.splitlines() if line.startswith(("headline:", "wrote"))]
     assert last[0] == f"headline: {data['headline']['text']}" and "median" in last[0] and "worst" in last[0]

@@ -61,3 +61,34 @@ def test_the_model_parallel_recipes_keep_tensor_parallelism_inside_a_node():
 def test_a_rung_without_a_job_is_one_line():
     with pytest.raises(UserError, match="no Polaris job for 'ddpp': use one of single_torch"):
         recipes.polaris("ddpp")
+
+
+@pytest.mark.parametrize("rung", ["ddp", "deepspeed", "zero3", "fsdp_tp"])
+def test_the_aurora_recipe_is_the_aurora_job_script(rung):
+    script = (ROOT / "jobs" / "aurora" / f"{rung}.sh").read_text().splitlines()
+    recipe = recipes.aurora(rung).splitlines()
+    pbs = [line for line in script if line.startswith("#PBS ")]
+    assert [line for line in recipe if line.startswith("#PBS ")] == pbs
+    assert "#PBS -l filesystems=home:flare" in recipe and "module load frameworks" in recipe
+    assert "source .venv/bin/activate  # the venv `make setup SYSTEM=aurora` made in your clone" in recipe
+    result = subprocess.run([launchers.tool("scaledl"), "launch", "--system", "aurora", "-n", "24", "--ppn", "12",
+                             "--dry-run", "--", *recipes.job(rung, "aurora").target],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
+    printed = result.stdout.splitlines()[-1]
+    python = next(word for word in shlex.split(printed) if word.endswith("/python"))
+    assert recipe[-1] == printed.replace(f" {python} ", f" {recipes.PYTHON} ")
+    assert recipe[-1].startswith("mpiexec -n 24 --ppn 12 ")
+
+
+def test_the_aurora_live_ranks_take_a_node_of_12_tiles():
+    recipe = recipes.aurora("ddp", live_ranks=12).splitlines()
+    assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1 -l walltime=01:00:00 "
+                         "-l filesystems=home:flare")
+    assert recipe[3].startswith("mpiexec -n 12 --ppn 12 ") and "ipyparallel.engine" in recipe[3]
+
+
+def test_the_polaris_node_figure_shows_the_recipes_binding():
+    fig = recipes.polaris_node_figure()
+    assert fig.local_counts == {"a Polaris node under the recipe's mpiexec line": 4}
+    labels = sorted(text.get_text() for text in fig.axes[0].texts if text.get_text().startswith("rank "))
+    assert labels == ["rank 0: CPUs 0-7", "rank 1: CPUs 8-15", "rank 2: CPUs 16-23", "rank 3: CPUs 24-31"]

@@ -60,7 +60,9 @@ if [ $has_tf = 1 ]; then
     export CPLUS_INCLUDE_PATH=${CPLUS_INCLUDE_PATH:-}
 fi
 export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
-export MAKEFLAGS="-j$(nproc)"
+# At most 8 compilers at once (BUILD_JOBS to change it): a shared login node, where this build runs on
+# Polaris and Aurora, is not ours to fill.
+export MAKEFLAGS="-j${BUILD_JOBS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}"
 
 if [ -n "${torch_cuda:-}" ]; then
     # A CUDA torch that finds a toolkit makes Horovod compile its CUDA code (no variable switches

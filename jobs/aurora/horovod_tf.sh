@@ -20,9 +20,9 @@
 set -eo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
-# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks
-# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow), with a venv of their own, made
-# once on a login node: module load tensorflow && tools/setup_site.sh site --venv .venv-tf
+# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks.
+# That module (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) gets a venv of its own,
+# made once on a login node: module load tensorflow && tools/setup_site.sh site --venv .venv-tf
 if command -v module >/dev/null 2>&1; then
     module load tensorflow
 fi

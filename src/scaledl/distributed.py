@@ -238,6 +238,31 @@ def _restart_store(addr: str, port: int, world_size: int, timeout: datetime.time
     return dist.PrefixStore(f"attempt{attempt}", agent_store)
 
 
+def deepspeed_sees(device, env=None) -> None:
+    """Call on every rank before `deepspeed.initialize`, with the rank's device.
+
+    DeepSpeed takes the LOCAL_RANK variable as the index of the rank's GPU: the engine calls
+    `set_device(LOCAL_RANK)` unless told otherwise (`_set_distributed_vars` in
+    deepspeed/runtime/engine.py), and ZeRO-3 builds `cuda:<LOCAL_RANK>` (`Init` in
+    runtime/zero/partition_parameters.py, the rank checks in runtime/zero/utils.py; 0.17.6 to 0.19.8).
+    That holds where every rank sees all of the node's GPUs (torchrun, the deepspeed launcher).  Where
+    the launcher shows each rank only its own GPU (Polaris' affinity wrapper, `srun --gpus-per-task=1`),
+    local rank 3's one GPU is `cuda:0` and `cuda:3` does not exist: LOCAL_RANK then becomes the
+    device's index, in this process only (and from then on for whatever reads it in this process:
+    call `find_job()` before, as the rungs do, for the rank's place on the node).  The engine also
+    insists that LOCAL_RANK equals Open MPI's OMPI_COMM_WORLD_LOCAL_RANK where that is set
+    (`_configure_with_arguments`), so that one follows.
+    A CPU rank has no index and nothing changes.
+    """
+    env = os.environ if env is None else env
+    index = getattr(device, "index", None)
+    if index is None or env.get("LOCAL_RANK") == str(index):
+        return
+    env["LOCAL_RANK"] = str(index)
+    if "OMPI_COMM_WORLD_LOCAL_RANK" in env:
+        env["OMPI_COMM_WORLD_LOCAL_RANK"] = str(index)
+
+
 def release_deepspeed_shared_memory() -> None:
     """Call on every rank right after `deepspeed.initialize`.
 

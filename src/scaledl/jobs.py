@@ -151,9 +151,9 @@ RUNG_SETUP = {
     ("polaris", "horovod_tf"): SETUP["polaris"] + POLARIS_HOROVOD,
     ("polaris", "horovod_torch"): SETUP["polaris"] + POLARIS_HOROVOD,
     ("aurora", "horovod_tf"): (
-        "# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks\n"
-        "# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow), with a venv of their own, made\n"
-        "# once on a login node: module load tensorflow && tools/setup_site.sh site --venv .venv-tf\n"
+        "# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks.\n"
+        "# That module (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) gets a venv of its own,\n"
+        "# made once on a login node: module load tensorflow && tools/setup_site.sh site --venv .venv-tf\n"
         "if command -v module >/dev/null 2>&1; then\n"
         "    module load tensorflow\n"
         "fi\n"

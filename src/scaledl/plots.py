@@ -147,8 +147,9 @@ def sampler_order(orders: dict, num_samples: int):
     fig, axes = _figure(5 * len(orders), 2.8, len(orders))
     axes = [axes] if len(orders) == 1 else list(axes)
     for ax, (title, epochs) in zip(axes, orders.items()):
-        ax.imshow(epochs, cmap="viridis", vmin=0, vmax=num_samples - 1, aspect="auto")
+        image = ax.imshow(epochs, cmap="viridis", vmin=0, vmax=num_samples - 1, aspect="auto")
         ax.set(title=title, xlabel="position in the epoch (this rank)", ylabel="epoch", yticks=range(len(epochs)))
+    fig.colorbar(image, ax=axes, label="sample index", shrink=0.9)
     return fig
 
 
@@ -185,7 +186,8 @@ def ddp_timeline(events_by_rank: list):
                     outside += 1
     ax.set(yticks=yticks, yticklabels=ylabels, xlabel="ms since backward started", xlim=(0, span_ms * 1.02),
            ylim=(-0.9, (len(events_by_rank) - 1) * 3.2 + 2.3),
-           title="DDP on every rank (torch.profiler): backward op by op, all-reduce bucket by bucket")
+           title="DDP on every rank (torch.profiler): backward op by op, all-reduce bucket by bucket\n"
+                 "(\"small ops\": neighbouring ops each under 5% of backward, merged into one bar)")
     return fig
 
 
@@ -245,15 +247,13 @@ def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
 def scaling(runs: dict):
     """Efficiency against world size for each mode: {"weak": {world_size: samples/s}, ...}."""
     fig, (speed, efficiency) = _figure(10, 3.4, 2)
-    for mode, rates in runs.items():
+    every = sorted({n for rates in runs.values() for n in rates})
+    for mode, rates in runs.items():  # each mode against its own one-rank run: the two baselines differ
         sizes = sorted(rates)
         base = rates[sizes[0]] / sizes[0]
-        speed.plot(sizes, [rates[n] for n in sizes], "o-", label=mode)
+        line, = speed.plot(sizes, [rates[n] for n in sizes], "o-", label=mode)
+        speed.plot(every, [n * base for n in every], "--", color=line.get_color(), lw=0.8, label=f"ideal ({mode})")
         efficiency.plot(sizes, [rates[n] / (n * base) for n in sizes], "o-", label=mode)
-    every = sorted({n for rates in runs.values() for n in rates})
-    first = next(iter(runs.values()))
-    base = first[min(first)] / min(first)
-    speed.plot(every, [n * base for n in every], "--", color="gray", label="ideal")
     efficiency.axhline(1.0, linestyle="--", color="gray", label="ideal")
     speed.set(xlabel="world_size", ylabel="samples/s", xticks=every, title="throughput")
     efficiency.set(xlabel="world_size", ylabel="efficiency", xticks=every, ylim=(0, 1.2),
@@ -269,7 +269,7 @@ def lr_schedules(curves: dict, steps_per_epoch: dict):
     for label, lrs in curves.items():
         ax.plot([step / steps_per_epoch[label] for step in range(len(lrs))], lrs, label=label)
     ax.set(xlabel="epoch", ylabel="lr", title="linear scaling rule with a linear warm-up")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: no curve under it
     return fig
 
 
@@ -370,7 +370,7 @@ def accumulation_timeline(events_by_rank: list[list], accumulation_steps: int):
     "all-reduce" (inside a backward), "step()" (the call, however little it did) or "optimizer step"
     (the call that applied the update).  Dashed lines close each accumulation window."""
     colors = {"forward": COLORS["forward"], "backward": COLORS["backward"], "all-reduce": COLORS["comm"],
-              "step()": COLORS["idle"], "optimizer step": COLORS["optimizer"]}
+              "step()": "0.45", "optimizer step": COLORS["optimizer"]}  # step(): dark, so that a thin bar shows
     heights = {"all-reduce": 0.3}
     right = max(end for events in events_by_rank for _, _, end in events)
     fig, ax = _figure(10, 1.8 + 0.55 * len(events_by_rank))
@@ -381,12 +381,12 @@ def accumulation_timeline(events_by_rank: list[list], accumulation_steps: int):
             ax.barh(rank, width, left=start, height=heights.get(kind, 0.6), color=colors[kind], edgecolor="black",
                     linewidth=0.4, label=None if kind in shown else kind, zorder=2 if kind == "all-reduce" else 1)
             shown.add(kind)
-            if kind == "optimizer step" and rank == 0:
-                ax.axvline(end, color="gray", linestyle="--", linewidth=0.8)
+            if kind == "optimizer step":  # on this rank's own row: the ranks' clocks are not aligned
+                ax.plot([end, end], [rank - 0.45, rank + 0.45], color="gray", linestyle="--", linewidth=0.8)
     ax.set(yticks=range(len(events_by_rank)), yticklabels=[f"rank {r}" for r in range(len(events_by_rank))],
            xlabel="ms from the first micro step (each rank's own clock)", ylim=(len(events_by_rank) - 0.4, -0.6),
            title=f"gradient accumulation, {accumulation_steps} micro steps a window:\none all-reduce and one "
-                 "optimizer step per window (dashed: a window ends)")
+                 "optimizer step per window (dashed: a window ends, on each rank's clock)")
     order = [kind for kind in colors if kind in shown]
     handles, labels = ax.get_legend_handles_labels()
     fig.legend([handles[labels.index(kind)] for kind in order], order, loc="outside lower center", ncols=len(order),

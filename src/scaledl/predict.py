@@ -25,6 +25,15 @@ The model (each formula below cites where it comes from):
 * ZeRO stages 1 and 2, as the paper counts them, move 2 Psi bytes per rank, as all-reduce does (a
   reduce-scatter of the gradients, an all-gather of the updated parameters); stage 3 and FSDP2
   gather the parameters again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).
+  FSDP2 does so by default (`reshard_after_forward=True`, all but the root).  DeepSpeed's stage 3
+  gathers otherwise: a parameter of at most `stage3_param_persistence_threshold` elements (1e5)
+  stays whole through forward and backward, and is partitioned before each optimizer step and
+  all-gathered again after it, all of them in one collective (`_post_step` in runtime/zero/stage3.py);
+  and a gathered parameter is freed only when it does not run again within
+  `stage3_max_reuse_distance` elements (1e9) of the recorded module order (`__params_to_release` in
+  runtime/zero/partitioned_param_coordinator.py, 0.19.8): a unit i of a model whose later units hold
+  S_i elements comes back in backward after 2 S_i elements, so it stays gathered when 2 S_i < 1e9
+  (`deepspeed_zero3_gathers`).
   DeepSpeed 0.19.8 runs stages 1 and 2 otherwise by default: it all-reduces each gradient bucket
   and keeps its own part (stage_1_and_2.py, `average_tensor` -> `allreduce_and_scatter`, with
   `use_multi_rank_bucket_allreduce=True`), then all-gathers the updated parameters
@@ -40,7 +49,10 @@ The model (each formula below cites where it comes from):
 
 What the model leaves out: compute slowed by communication sharing its memory, stragglers (unless
 the single-device step given is the slowest of N copies run side by side, as `scaledl bench predict`
-measures it),
+measures it; even then it counts one wait for the slower rank per step, while ZeRO-3 and FSDP2 wait
+at each of their per-unit collectives), FSDP2's copies into and out of its all-gather buffers (it
+skips the all-gather on one rank: `if world_size == 1` in
+torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, torch 2.13; the single-device step holds none),
 framework work per step (measured at world size 1, so it is in the single-device step), and
 collectives other than ring (trees, NVLink SHARP).  Weak scaling: the micro batch per rank is fixed.
 """
@@ -153,16 +165,47 @@ def bucketed_s(messages: list[float], ranks: int, link: Link, backward_s: float,
     return max(each[-1], total - backward_s) if overlap else total
 
 
+DEEPSPEED_PERSISTENCE_THRESHOLD = 1e5  # stage3_param_persistence_threshold default (runtime/zero/config.py, 0.19.8)
+DEEPSPEED_MAX_REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance default (the same file)
+
+
+def deepspeed_zero3_gathers(unit_numels: list[list[int]],
+                            persistence_threshold: float = DEEPSPEED_PERSISTENCE_THRESHOLD,
+                            max_reuse_distance: float = DEEPSPEED_MAX_REUSE_DISTANCE) -> dict:
+    """What DeepSpeed's stage 3 all-gathers per step, from the parameters' element counts per unit (each
+    module holding parameters of its own, in forward order): the `exposed_comm_s` knobs `gathers` and
+    `gathered` (units and share of the parameter bytes gathered for forward), `regathers` and
+    `regathered` (the same for backward), and `persistent` (the share gathered once, after the step).
+
+    A parameter of at most the persistence threshold stays whole for forward and backward and is
+    gathered with the other such parameters in one collective after each optimizer step.  After unit
+    i's forward the coordinator walks the recorded order ahead, the later units' forward and then
+    their backward, and keeps unit i gathered when its backward comes before `max_reuse_distance`
+    elements have gone by: 2 S_i < distance, S_i the elements of the units after it."""
+    total = sum(sum(unit) for unit in unit_numels)
+    if total <= 0:
+        return {"gathers": 1, "gathered": 0.0, "regathers": 0, "regathered": 0.0, "persistent": 0.0}
+    gathered = [sum(n for n in unit if n > persistence_threshold) for unit in unit_numels]
+    later = [sum(sum(unit) for unit in unit_numels[i + 1:]) for i in range(len(unit_numels))]
+    again = [g for g, s in zip(gathered, later) if g and not 2 * s < max_reuse_distance]
+    return {"gathers": max(1, sum(1 for g in gathered if g)), "gathered": sum(gathered) / total,
+            "regathers": len(again), "regathered": sum(again) / total, "persistent": 1 - sum(gathered) / total}
+
+
 def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, backward_s: float,
                    bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
                    cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1, gather_link: Link | None = None,
-                   scatter_link: Link | None = None) -> float:
+                   scatter_link: Link | None = None, gathered: float = 1.0, regathers: int | None = None,
+                   regathered: float | None = None, persistent: float = 0.0) -> float:
     """Seconds per step that communication adds to the single-device step, for one strategy.
 
     `gather_link`, `scatter_link`: the sharded strategies' all-gather and reduce-scatter read from
     their own fits (`half_link_from_fit`) where the backend does not run them as half a ring (in a
     `scaledl bench predict` run here, Gloo's reduce-scatter of 16 MB on 2 ranks took 13.2 ms, about as
-    long as the whole all-reduce's 13.9); else `link`."""
+    long as the whole all-reduce's 13.9); else `link`.  ZeRO-3 and FSDP2 gather `gathered` of the
+    parameter bytes in `gathers` units for forward, and `regathered` of them in `regathers` units for
+    backward (by default all of them again, as the paper counts it), and `persistent` of them in one
+    collective after the optimizer step (`deepspeed_zero3_gathers` gives DeepSpeed's own)."""
     if strategy in ("ddp", "ddp_no_overlap"):
         return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s,
                           strategy == "ddp" and link.overlaps)
@@ -171,9 +214,13 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
                           cycle_s / 2 if ranks > 1 else 0.0)
     if strategy in ("zero1", "zero2"):  # DeepSpeed: all-reduce the gradients, all-gather the parameters
         return allreduce_s(grad_bytes, ranks, link) + all_gather_s(grad_bytes, ranks, gather_link or link)
-    if strategy in ("zero3", "fsdp2"):  # 3 Psi: parameters gathered for forward and again for backward, per unit
+    if strategy in ("zero3", "fsdp2"):  # up to 3 Psi: parameters gathered for forward and again for backward, per unit
+        regathers = gathers if regathers is None else regathers
+        regathered = gathered if regathered is None else regathered
+        passes = [(gathers, gathered), (regathers, regathered), (1, persistent)]
         return (reduce_scatter_s(grad_bytes, ranks, scatter_link or link)
-                + 2 * gathers * all_gather_s(grad_bytes / gathers, ranks, gather_link or link))
+                + sum(units * all_gather_s(share * grad_bytes / units, ranks, gather_link or link)
+                      for units, share in passes if units > 0 and share > 0))
     raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
 
 
@@ -256,7 +303,7 @@ def figure(rows: list[dict], measured: list[dict] | None = None, title: str = ""
         ax.set_xticks(sorted(set(xs)))
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.axhline(1.0, color="gray", lw=0.6, ls=(0, (1, 3)), zorder=0)  # ideal, faint: a line at 0.99 stays visible
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

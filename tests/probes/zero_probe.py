@@ -15,8 +15,8 @@ config = scaledl.Config(batch_size=8)
 model = models.torch_cnn()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 # The engine exactly as the DeepSpeed rung builds it.
-engine, _, _ = deepspeed_rung.wrap(model, optimizer, None,
-                                   deepspeed_rung.deepspeed_config(config, stage, world_size=dist.world_size))
+ds_config = deepspeed_rung.deepspeed_config(config, stage, world_size=dist.world_size)
+engine, _, _ = deepspeed_rung.wrap(model, optimizer, None, ds_config, dist.device)
 x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
 for step in range(2):
     engine.backward(F.cross_entropy(engine(x), y))

@@ -83,16 +83,19 @@ def measure(setting: dict, ranks: int, options: Options, index: int, copies: int
     return run_worker(launcher, ranks, "steps", args, out, threads=options.threads)
 
 
-def gather_units(model_name: str, variant: str) -> int:
-    """What is gathered one at a time, counted from the model's structure (not fitted to any step
-    time): DeepSpeed's stage 3 fetches each module holding parameters of its own; the FSDP2 rung
-    shards each top-level layer with weights (scaledl.ladder.fsdp.wrap)."""
+def gather_knobs(model_name: str, variant: str) -> dict:
+    """What is gathered, one unit at a time, counted from the model's structure (not fitted to any
+    step time): the FSDP2 rung shards each top-level layer with weights (scaledl.ladder.fsdp.wrap)
+    and gathers each for forward and again for backward; DeepSpeed's stage 3 fetches each module
+    holding parameters of its own, minus what it keeps whole or keeps gathered
+    (scaledl.predict.deepspeed_zero3_gathers)."""
     from scaledl.bench.variants import model_and_batch
 
     model, _, _ = model_and_batch("cpu", 1, 0, 0, model_name)
     if variant == "fsdp":
-        return sum(1 for layer in model if any(True for _ in layer.parameters()))
-    return sum(1 for module in model.modules() if any(True for _ in module.parameters(recurse=False)))
+        return {"gathers": sum(1 for layer in model if any(True for _ in layer.parameters()))}
+    units = [[p.numel() for p in module.parameters(recurse=False)] for module in model.modules()]
+    return predict.deepspeed_zero3_gathers([unit for unit in units if unit])
 
 
 def label(setting: dict) -> str:
@@ -106,27 +109,30 @@ def run(options: Options) -> dict:
     link, sharded, fits = fit_links(options, ranks)
     rows = []
     for index, setting in enumerate(settings(options.quick)):
-        laps_1, laps_n = [], []
-        for _ in range(options.pick(1, 2)):  # 1 rank, then N ranks; full mode repeats the pair
-            a, b = measure(setting, 1, options, index, copies=ranks), measure(setting, ranks, options, index)
-            laps_1 += a["laps"]
-            laps_n += b["laps"]
-        single_s, measured_s = stats.summary(laps_1)["median"], stats.summary(laps_n)["median"]
-        grad_bytes = a["num_params"] * 4
         knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
         if setting["variant"] != "ddp":  # the ZeRO stages and FSDP2 gather (and at 3, scatter) on their own fits
             knobs.update(sharded)
         if setting["variant"] in ("zero3", "fsdp"):
-            knobs["gathers"] = gather_units(setting["model"], setting["variant"])
+            knobs.update(gather_knobs(setting["model"], setting["variant"]))
         strategy = STRATEGY[setting["variant"]]
-        predicted_s = predict.predict_step_s(strategy, single_s, grad_bytes, ranks, link, **knobs)
-        no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, grad_bytes, ranks, link, **knobs)
+        pairs = []
+        # 1 rank, then N ranks, back to back, so that each pair runs under the same load; full mode
+        # repeats the pair 3 times and keeps the pair of median ratio: on a shared machine whole runs
+        # come out slower, not single steps (the spread of the 3 ratios is in the table).
+        for _ in range(options.pick(1, 3)):
+            a, b = measure(setting, 1, options, index, copies=ranks), measure(setting, ranks, options, index)
+            single_s, measured_s = stats.summary(a["laps"])["median"], stats.summary(b["laps"])["median"]
+            predicted_s = predict.predict_step_s(strategy, single_s, a["num_params"] * 4, ranks, link, **knobs)
+            pairs.append((predicted_s / measured_s, single_s, predicted_s, measured_s, a["num_params"]))
+        pairs.sort()
+        ratio, single_s, predicted_s, measured_s, num_params = pairs[len(pairs) // 2]
+        no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, num_params * 4, ranks, link, **knobs)
                         if strategy == "ddp" else None)
         rows.append({"setting": label(setting), "variant": setting["variant"], "model": setting["model"],
                      "micro_batch_size": setting["micro_batch_size"], "bucket_cap_mb": setting["bucket_cap_mb"],
-                     "params": a["num_params"], "ranks": ranks, "single_ms": rounded(single_s * 1e3),
+                     "params": num_params, "ranks": ranks, "single_ms": rounded(single_s * 1e3),
                      "predicted_ms": rounded(predicted_s * 1e3), "measured_ms": rounded(measured_s * 1e3),
-                     "ratio": rounded(predicted_s / measured_s),
+                     "ratio": rounded(ratio), "ratio_range": f"{pairs[0][0]:.2f}-{pairs[-1][0]:.2f}",
                      "no_overlap_ms": rounded(no_overlap_s * 1e3) if no_overlap_s else None,
                      "comm_share": rounded((predicted_s - single_s) / predicted_s)})
     ratios = np.array([row["ratio"] for row in rows], np.float64)
@@ -138,8 +144,8 @@ def run(options: Options) -> dict:
             f"worst {worst:.3f} ({worst_row['setting']}) (targets: median within {MEDIAN_TARGET:.0%}, worst within "
             f"{WORST_TARGET:.0%}: {'met' if met else 'missed'})")
     return result("predict", f"Predicted against measured step time on {ranks} ranks (link: {link.source})",
-                  ["setting", "params", "single_ms", "predicted_ms", "measured_ms", "ratio", "no_overlap_ms",
-                   "comm_share"], rows,
+                  ["setting", "params", "single_ms", "predicted_ms", "measured_ms", "ratio", "ratio_range",
+                   "no_overlap_ms", "comm_share"], rows,
                   headline("predicted/measured step time (median)", median,
                            f"median within {MEDIAN_TARGET:.0%}, worst within {WORST_TARGET:.0%}", met, text=text),
                   link={"alpha_s": rounded(link.alpha_s), "bandwidth_Bps": rounded(link.bandwidth_Bps),
@@ -148,7 +154,8 @@ def run(options: Options) -> dict:
                   notes=[f"single_ms: the model's input, the slowest of {ranks} one-rank copies of the same variant "
                          "run side by side, step by step (a synchronous step waits for its slowest rank); "
                          "predicted_ms: single_ms plus the exposed communication (scaledl.predict); "
-                         "ratio = predicted / measured.",
+                         "ratio = predicted / measured; ratio_range: the lowest and highest ratio of the repeated "
+                         "pairs (1-rank copies, then N ranks), the row showing the pair of median ratio.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
                          f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit (ZeRO and FSDP2 gather "
                          "and scatter on their own fits); communication " + (

@@ -204,7 +204,7 @@ def _deepspeed(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Varia
     num_params = _count(model)
     config = deepspeed_rung.deepspeed_config(Config(batch_size=micro_batch_size), stage, offload, offload,
                                              dist.world_size)
-    engine, _, _ = deepspeed_rung.wrap(model, _sgd(model), None, config)
+    engine, _, _ = deepspeed_rung.wrap(model, _sgd(model), None, config, dist.device)
 
     def step() -> None:
         engine.backward(F.cross_entropy(engine(x), y))

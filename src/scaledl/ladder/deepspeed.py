@@ -42,8 +42,9 @@ def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = Fals
         "gradient_clipping": 0.0,
         "bf16": {"enabled": config.precision == "bf16"},
         "fp16": {"enabled": config.precision == "fp16", "initial_scale_power": 16},
-        # ZeRO partitions any torch optimizer's state; DeepSpeed only tests its own Adam variants
-        # and asks to be told, and with offload it would swap in its CPU Adam unless told not to.
+        # ZeRO partitions any torch optimizer's state, but DeepSpeed refuses one outside its tested list
+        # (Adam, AdamW, Adagrad and its own: ZERO_SUPPORTED_OPTIMIZERS in runtime/zero/utils.py) unless
+        # told, and refuses a client optimizer with offload (ZeRORuntimeException) unless told again.
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9,
@@ -51,9 +52,10 @@ def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = Fals
 
 
 # New Code #: the engine replaces DDP's wrap
-def wrap(model, optimizer, scheduler, ds_config: dict):
+def wrap(model, optimizer, scheduler, ds_config: dict, device):
     """The engine this rung trains (the benchmarks time this same wiring): it moves the model to the
     device, broadcasts rank 0's weights, and from now on does backward, step and the scheduler's step."""
+    distributed.deepspeed_sees(device)  # DeepSpeed takes LOCAL_RANK as the index of the rank's GPU
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                            config=ds_config)
     distributed.release_deepspeed_shared_memory()  # DeepSpeed never removes its /dev/shm buffers
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     scheduler = harness.lr_scheduler(optimizer, config, job.world_size, len(loader))  # New Code #: the engine steps it
     # New Code #: DeepSpeed's config from the flags, then the engine that trains
     ds_config = deepspeed_config(config, args.zero_stage, args.offload_optimizer, args.offload_params, job.world_size)
-    model, optimizer, scheduler = wrap(model, optimizer, scheduler, ds_config)
+    model, optimizer, scheduler = wrap(model, optimizer, scheduler, ds_config, device)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, scheduler=scheduler,  # New Code #
                            state=run_state.DeepSpeedState(model))  # New Code #: the engine writes its own checkpoints
     input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data

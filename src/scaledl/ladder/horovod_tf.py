@@ -32,10 +32,14 @@ def set_precision(precision: str) -> None:
 
 
 def pin_gpu(local_rank: int) -> None:  # New Code #: one GPU per rank, chosen by local rank
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
-        tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
+    # NVIDIA GPUs are TensorFlow's "GPU" devices; Intel's (Intel Extension for TensorFlow, in Aurora's
+    # tensorflow module) are "XPU" devices, one per tile.
+    for kind in ("GPU", "XPU"):
+        gpus = tf.config.list_physical_devices(kind)
+        if gpus:
+            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], kind)
+            tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
+            return
 
 
 @exits_cleanly
