@@ -5,7 +5,7 @@ import sys
 import deepspeed
 import torch
 
-from scaledl.distributed import release_deepspeed_shared_memory
+from scaledl.distributed import release_deepspeed_shared_memory, teardown
 
 stage = int(next((a for a in sys.argv[1:] if not a.startswith("--local_rank")), 0))  # the launcher adds --local_rank
 torch.manual_seed(0)
@@ -24,3 +24,6 @@ engine.step()
 with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled=stage == 3):
     checksum = sum(p.detach().double().sum().item() for p in engine.module.parameters())
 report(rank=rank, world_size=engine.world_size, param_sum=checksum)
+# Leave the process group before exit, as the rungs do: a rank that exits with gloo's threads still
+# running can abort at interpreter shutdown ("terminate called without an active exception").
+teardown()
