@@ -904,13 +904,13 @@ def test_binding_prediction_check(capsys):
     verdict(capsys)
     # The guess most people make first: rank r on GPU r, on NUMA node r.
     fails(capsys, grader.check_binding_prediction({r: (r, r) for r in range(4)}, placements, gpu_nodes),
-          "local rank 0 uses GPU 3, not GPU 0", "cuda:<local_rank>", "NUMA node 3")
+          "local rank 0 does not drive GPU 0", "cuda:<local_rank>", "NUMA node 3")
     # The right GPUs, each given the NUMA node of its number.
     fails(capsys, grader.check_binding_prediction({r: (3 - r, 3 - r) for r in range(4)}, placements, gpu_nodes),
           "GPU 3 sits on NUMA node 0, not 3")
     # Off by one: 4 - r.
     fails(capsys, grader.check_binding_prediction({r: (4 - r, r) for r in range(4)}, placements, gpu_nodes),
-          "not GPU 4", "GPUs 0-3")
+          "does not drive GPU 4", "GPUs 0-3")
     # A launch with every GPU visible (cuda:<local_rank>) fails even with a prediction that matches it.
     identity, _ = polaris_launch(wrapper=False)
     assert [p.verdict for p in identity] == ["far"] * 4

@@ -1039,7 +1039,7 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
                 hint = f"GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, not next to its cores"
             else:
                 hint = f"this node has GPUs 0-{len(order) - 1}"
-            return _verdict(False, f"local rank {p.local_rank} uses GPU {want_gpu}, not GPU {gpu}: {hint}")
+            return _verdict(False, f"local rank {p.local_rank} does not drive GPU {gpu}: {hint}")
         if node != want_node:
             return _verdict(False, f"GPU {gpu} sits on NUMA node {want_node}, not {node}: a GPU's NUMA node is its "
                                    "PCI root's, not its number (here the order is reversed)")
