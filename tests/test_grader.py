@@ -888,7 +888,7 @@ def polaris_launch(wrapper: bool):
     command = ["mpiexec", "-n", "4", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "python", "train.py"]
     if wrapper:
         command[-2:-2] = ["bash", "-c", 'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID)); exec "$@"', "bind"]
-    gpu_nodes = {address: binding.gpu_numa_node(address, root) for address in binding.gpus(root, "cuda")}
+    gpu_nodes = binding.gpu_numa_nodes(root, "cuda")
     return binding.plan(command, {}, "cuda", 4, root), gpu_nodes
 
 

@@ -197,7 +197,7 @@ def test_node_binding_shows_polaris_reverse_gpu_order():
     wrapper = ["bash", "-c", 'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID)); exec "$@"', "bind"]
     identity = binding.plan(depth, {}, "cuda", 4, root)
     reverse = binding.plan([*depth[:-2], *wrapper, *depth[-2:]], {}, "cuda", 4, root)
-    gpu_nodes = {address: binding.gpu_numa_node(address, root) for address in binding.gpus(root, "cuda")}
+    gpu_nodes = binding.gpu_numa_nodes(root, "cuda")
     assert list(gpu_nodes.values()) == [3, 2, 1, 0]  # GPU 0 on NUMA node 3: the reverse order the figure draws
     fig = plots.node_binding({"cuda:<local_rank>": identity, "GPU 3 - local_rank": reverse},
                              binding.numa_nodes(root), gpu_nodes)

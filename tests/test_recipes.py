@@ -25,13 +25,13 @@ def test_the_header_and_modules_are_the_committed_job_scripts(rung):
     assert all(f"    {command}" in script for command in commands)
 
 
-def dry_run(nranks: int, ppn: int, *target: str) -> list[str]:
-    result = subprocess.run([launchers.tool("scaledl"), "launch", "--system", "polaris", "-n", str(nranks),
+def dry_run(nranks: int, ppn: int, *target: str, system: str = "polaris") -> list[str]:
+    result = subprocess.run([launchers.tool("scaledl"), "launch", "--system", system, "-n", str(nranks),
                              "--ppn", str(ppn), "--dry-run", "--", *target], capture_output=True, text=True,
                             env={"PATH": "/usr/bin:/bin"}, check=True)
     lines = [line.split("  # ")[0] for line in result.stdout.splitlines() if not line.startswith("# ")]
     # The printed command runs the launching Python by its full path; the recipe's venv is active.
-    python = shlex.split(lines[-1])[shlex.split(lines[-1]).index("gpu-bind") + 1]
+    python = next(word for word in shlex.split(lines[-1]) if word.endswith("/python"))
     return [line.replace(f" {python} ", f" {recipes.PYTHON} ") for line in lines]
 
 
@@ -71,12 +71,8 @@ def test_the_aurora_recipe_is_the_aurora_job_script(rung):
     assert [line for line in recipe if line.startswith("#PBS ")] == pbs
     assert "#PBS -l filesystems=home:flare" in recipe and "module load frameworks" in recipe
     assert "source .venv/bin/activate  # the venv `make setup SYSTEM=aurora` made in your clone" in recipe
-    result = subprocess.run([launchers.tool("scaledl"), "launch", "--system", "aurora", "-n", "24", "--ppn", "12",
-                             "--dry-run", "--", *recipes.job(rung, "aurora").target],
-                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
-    printed = result.stdout.splitlines()[-1]
-    python = next(word for word in shlex.split(printed) if word.endswith("/python"))
-    assert recipe[-1] == printed.replace(f" {python} ", f" {recipes.PYTHON} ")
+    printed = dry_run(24, 12, *recipes.job(rung, "aurora").target, system="aurora")
+    assert recipe[-len(printed):] == printed
     assert recipe[-1].startswith("mpiexec -n 24 --ppn 12 ")
 
 

@@ -99,6 +99,12 @@ def gpu_numa_node(address: str, root: str | Path = SYSFS) -> int | None:
     return node if node >= 0 else None
 
 
+def gpu_numa_nodes(root: str | Path = SYSFS, kind: str | None = None) -> dict[str, int | None]:
+    """Each GPU's PCI address -> its NUMA node, in PCI order (GPU k is the k-th): what
+    `scaledl.plots.node_binding` draws and the lessons' binding check compares against."""
+    return {address: gpu_numa_node(address, root) for address in gpus(root, kind)}
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one rank runs: its CPUs against the NUMA node of its GPU."""

@@ -117,6 +117,6 @@ def polaris_node_figure(ranks_per_node: int = 4):
     plan = build_plan(ranks_per_node, Target("ipyparallel.engine", ()), ppn=ranks_per_node, system=SYSTEM, env={},
                       python=PYTHON, dry_run=True)
     placements = binding.plan(list(plan.command), dict(plan.env), "cuda", ranks_per_node, root)
-    gpu_nodes = {address: binding.gpu_numa_node(address, root) for address in binding.gpus(root, "cuda")}
+    gpu_nodes = binding.gpu_numa_nodes(root, "cuda")
     return plots.node_binding({"a Polaris node under the recipe's mpiexec line": placements},
                               binding.numa_nodes(root), gpu_nodes)
