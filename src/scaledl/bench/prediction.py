@@ -132,7 +132,7 @@ def run(options: Options) -> dict:
                      "micro_batch_size": setting["micro_batch_size"], "bucket_cap_mb": setting["bucket_cap_mb"],
                      "params": num_params, "ranks": ranks, "single_ms": rounded(single_s * 1e3),
                      "predicted_ms": rounded(predicted_s * 1e3), "measured_ms": rounded(measured_s * 1e3),
-                     "ratio": rounded(ratio), "ratio_range": f"{pairs[0][0]:.2f}-{pairs[-1][0]:.2f}",
+                     "ratio": rounded(ratio), "ratio_range": f"{pairs[0][0]:.3f}-{pairs[-1][0]:.3f}",
                      "no_overlap_ms": rounded(no_overlap_s * 1e3) if no_overlap_s else None,
                      "comm_share": rounded((predicted_s - single_s) / predicted_s)})
     ratios = np.array([row["ratio"] for row in rows], np.float64)
