@@ -241,6 +241,94 @@ def test_simulated_device_queues_work_until_synchronized():
     assert queued < 0.01 and time.perf_counter() - start >= 0.1
 
 
+def stopwatch_reads(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    """The lesson's solution: the first launch, then the slower side's pace, then the last run."""
+    if not synchronize:
+        return num_steps * batch_size / (num_steps * launch_s)
+    return num_steps * batch_size / (launch_s + (num_steps - 1) * max(launch_s, device_s) + device_s)
+
+
+def step_by_step(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    """Unusual but right: follow every step through the host and the device, in milliseconds."""
+    host = device = 0
+    for _ in range(num_steps):
+        host += launch_s * 1000
+        device = max(device, host) + device_s * 1000
+    return batch_size * num_steps / ((device if synchronize else host) / 1000)
+
+
+def queue_never_drains(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return batch_size / launch_s  # the host's pace, synchronize or not
+
+
+def device_time_only(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    if not synchronize:
+        return batch_size / launch_s
+    return num_steps * batch_size / (launch_s + num_steps * device_s)  # right only where the GPU is the bottleneck
+
+
+def warmup_counted(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return stopwatch_reads(launch_s, device_s, batch_size, num_steps + warmup_steps, 0, synchronize)
+
+
+def one_step_too_many_timed(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    if not synchronize:
+        return batch_size / launch_s
+    return num_steps * batch_size / (launch_s + num_steps * max(launch_s, device_s) + device_s)
+
+
+def serial(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return batch_size / (launch_s + device_s)  # the host waiting for every step
+
+
+def steady_pace(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return batch_size / (max(launch_s, device_s) if synchronize else launch_s)
+
+
+def synchronized_always(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return stopwatch_reads(launch_s, device_s, batch_size, num_steps, warmup_steps, True)
+
+
+def step_seconds(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return 1 / stopwatch_reads(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize)
+
+
+def test_stopwatch_prediction(capsys):
+    assert grader.check_stopwatch_prediction(stopwatch_reads)
+    assert verdict(capsys).startswith("PASS: all 5 cases")
+    assert grader.check_stopwatch_prediction(step_by_step)
+    verdict(capsys)
+    fails(capsys, grader.check_stopwatch_prediction(queue_never_drains), "synchronize=True",
+          "waits while the device runs what is still queued")
+    fails(capsys, grader.check_stopwatch_prediction(device_time_only), "launch 3 ms, device 1 ms",
+          "the launches set the pace")
+    fails(capsys, grader.check_stopwatch_prediction(warmup_counted), "warm-up steps run before the clock starts")
+    fails(capsys, grader.check_stopwatch_prediction(one_step_too_many_timed), "one step off")
+    fails(capsys, grader.check_stopwatch_prediction(serial), "launches the next step while the device runs")
+    fails(capsys, grader.check_stopwatch_prediction(steady_pace), "holds the first launch")
+    fails(capsys, grader.check_stopwatch_prediction(synchronized_always), "synchronize=False",
+          "stops as soon as the host has launched the last step")
+    fails(capsys, grader.check_stopwatch_prediction(step_seconds), "looks like seconds")
+    fails(capsys, grader.check_stopwatch_prediction(lambda *case: stopwatch_reads(*case) / 1000), "per millisecond")
+    fails(capsys, grader.check_stopwatch_prediction(lambda *case: None), "returned None")
+    fails(capsys, grader.check_stopwatch_prediction(lambda *case: 1 / 0), "ZeroDivisionError")
+    fails(capsys, grader.check_stopwatch_prediction(untouched), "NotImplementedError")
+    fails(capsys, grader.check_stopwatch_prediction(None), "`stopwatch_reads` is not set")
+
+
+def test_stopwatch_cases_tell_the_slips_from_the_right_reading():
+    """In every case the reading is not itself one of the wrong answers' values, and each slip
+    is some case's wrong answer: the check can name it."""
+    for case in grader._STOPWATCH_CASES:
+        reading = stopwatch_reads(*case)
+        assert math.isclose(reading, grader.async_timeline.stopwatch(case[0], case[1], case[3], case[4])
+                            .samples_per_s(case[2], case[5]), rel_tol=1e-9)
+    for wrong in (queue_never_drains, device_time_only, warmup_counted, one_step_too_many_timed, serial,
+                  steady_pace, synchronized_always):
+        assert any(not math.isclose(wrong(*case), stopwatch_reads(*case), rel_tol=1e-6)
+                   for case in grader._STOPWATCH_CASES), wrong.__name__
+
+
 # ---------------------------------------------------------------- lesson 3
 
 def test_all_reduce_check(capsys):
@@ -713,6 +801,50 @@ def test_zero_formula_check(capsys):
     fails(capsys, grader.check_zero_formula(None), "not set")
 
 
+def engine_solution(num_params, world_size, stage):
+    share = lambda partitioned: num_params / world_size if partitioned else num_params  # noqa: E731
+    return {"params": 4 * share(stage >= 3), "grads": 4 * share(stage >= 2),
+            "optimizer": (4 if stage == 0 else 8) * share(stage >= 1)}
+
+
+def test_engine_bytes_check(capsys):
+    def changed(key, value):  # the solution with one part replaced, from stage 1 on
+        return lambda n, w, s: {**engine_solution(n, w, s), **({key: value(n, w, s)} if s >= 1 else {})}
+
+    assert grader.check_engine_bytes(engine_solution)
+    verdict(capsys)
+    # Unusual but right: whole bytes per partition, rounded up as DeepSpeed pads, NumPy integers, a total.
+    def padded(num_params, world_size, stage):
+        parts = {key: np.int64(math.ceil(value))
+                 for key, value in engine_solution(num_params, world_size, stage).items()}
+        return {**parts, "total": sum(parts.values())}
+    assert grader.check_engine_bytes(padded, world_size=2)
+    verdict(capsys)
+    # The paper's mixed-precision Adam, copied from exercise 1.
+    fails(capsys, grader.check_engine_bytes(zero_solution), "stage 0", "fp32, 4 bytes")
+    # Momentum only, no master copy: stage 1 would then save bytes on 2 ranks.
+    fails(capsys, grader.check_engine_bytes(changed("optimizer", lambda n, w, s: 4 * n / w)),
+          "stage 1", "fp32 copy of the weights")
+    # The master copy at stage 0 too.
+    fails(capsys, grader.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "optimizer": 8 * n}),
+          "stage 0", "no copy of the weights below stage 1")
+    # The master copy of the whole model on every rank.
+    fails(capsys, grader.check_engine_bytes(changed("optimizer", lambda n, w, s: 4 * n / w + 4 * n)),
+          "stage 1", "partition only")
+    # Adam's 12 bytes with fp32 weights.
+    fails(capsys, grader.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s),
+                                                             "optimizer": 12 * n / (w if s else 1)}),
+          "stage 0", "Adam's")
+    # Stage 2 left the gradients whole.
+    fails(capsys, grader.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "grads": 4 * n}),
+          "stage 2: gradients are partitioned from stage 2")
+    # Stage 1 partitioned the gradients too (stage off by one).
+    fails(capsys, grader.check_engine_bytes(lambda n, w, s: engine_solution(n, w, min(s + 1, 3) if s else 0)),
+          "stage 1: every rank still holds all the gradients")
+    fails(capsys, grader.check_engine_bytes(lambda n, w, s: sum(engine_solution(n, w, s).values())), "return a dict")
+    fails(capsys, grader.check_engine_bytes(None), "not set")
+
+
 # ---------------------------------------------------------------- pipeline
 
 def pipeline_tensors():
@@ -834,7 +966,8 @@ def test_exposed_communication_check(capsys):
     (grader.check_samples_per_s, (None,)), (grader.check_sharding, (None,)), (grader.check_efficiency, (None, {1: 1})),
     (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)), (grader.check_parallelism_choice, (None,)),
     (grader.check_ring_prediction, (None,)), (grader.check_fusion, (None,)), (grader.check_accumulation_plan, (None,)),
-    (grader.check_exposed, (None,)),
+    (grader.check_exposed, (None,)), (grader.check_engine_bytes, (None,)),
+    (grader.check_stopwatch_prediction, (None,)),
 ])
 def test_every_check_fails_on_a_name_never_set(check, args, capsys):
     assert check(*args) is False

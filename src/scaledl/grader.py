@@ -7,8 +7,8 @@ what an untouched exercise leaves behind (a name never set, a NotImplementedErro
 from __future__ import annotations
 
 import math
-import threading
-import time
+
+from scaledl import async_timeline
 
 
 def _verdict(ok: bool, message: str) -> bool:
@@ -166,28 +166,9 @@ def check_parallelism_choice(choose) -> bool:
 
 # ----------------------------------------------------------------------------- lesson 2
 
-class SimulatedDevice:
-    """A stand-in for a GPU to check timing code against: `step()` only queues its work (as a
-    CUDA launch does) and returns at once; `synchronize()` waits until the queue is done.  The
-    first `warmup_steps` steps are slow, as first steps on a real device are."""
-
-    def __init__(self, step_s: float = 0.004, warmup_steps: int = 2, warmup_s: float = 0.15):
-        self.step_s, self.warmup_steps, self.warmup_s = step_s, warmup_steps, warmup_s
-        self._lock = threading.Lock()
-        self._busy_until = time.perf_counter()
-        self.steps = 0
-
-    def step(self) -> None:
-        with self._lock:
-            cost = self.warmup_s if self.steps < self.warmup_steps else self.step_s
-            self._busy_until = max(self._busy_until, time.perf_counter()) + cost
-            self.steps += 1
-
-    def synchronize(self) -> None:
-        with self._lock:
-            wait = self._busy_until - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
+# The device that check_samples_per_s times, in real time, and that lesson 2's figure and
+# check_stopwatch_prediction run in simulated time: one model of the queue for all three.
+SimulatedDevice = async_timeline.SimulatedDevice
 
 
 def check_samples_per_s(samples_per_s, batch_size: int = 64, num_steps: int = 5, warmup_steps: int = 3) -> bool:
@@ -226,6 +207,98 @@ def check_samples_per_s(samples_per_s, batch_size: int = 64, num_steps: int = 5,
                                "steps, and stop the clock after the device has finished them")
     return _verdict(True, "within 10% of the simulated device's true rate: warm-up left out, the device "
                           "synchronized before each clock reading")
+
+
+# (launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize): GPU-bound and launch-bound,
+# with and without synchronize, warm-up steps that a count can wrongly take in, and one step alone.
+_STOPWATCH_CASES = [(0.001, 0.004, 64, 4, 2, True), (0.003, 0.001, 32, 5, 3, True),
+                    (0.0005, 0.005, 128, 10, 2, False), (0.003, 0.001, 32, 5, 3, False),
+                    (0.002, 0.0015, 16, 1, 1, True)]
+
+
+def _stopwatch_slips(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize) -> list:
+    """(samples/s, what went wrong) for the wrong predictions learners make, in the order they
+    are told apart."""
+    L, D, B, n, w = launch_s, device_s, batch_size, num_steps, warmup_steps
+
+    def seconds(steps: int, sync: bool) -> float:  # the closed form of async_timeline.stopwatch
+        return L + D + (steps - 1) * max(L, D) if sync else steps * L
+
+    drain = ("that is the host's pace: with synchronize the clock also waits while the device runs "
+             "what is still queued")
+    warm = ("the warm-up steps run before the clock starts (and are synchronized): they are in neither "
+            "the time nor the samples")
+    one_off = ("one step off: the clock runs from the first timed launch to the moment it is read, "
+               "over exactly num_steps steps' samples")
+    if not synchronize:
+        slips = [(n * B / seconds(n, True), "that is the reading after synchronize: without it the clock stops as "
+                                            "soon as the host has launched the last step"),
+                 (B / D, "that is the device's pace: without synchronize the clock never waits for the device"),
+                 (B / (L + D), "the host does not wait for each step to run: it only launches them")]
+    else:
+        slips = [(B / L, drain if D > L else "the host's pace, but the clock also waits for the last step to run "
+                                           "on the device"),
+                 (B / D, "the device's pace, but the clock also holds the first launch, before the device has "
+                         "anything to run" if D > L else
+                         "the device is faster than the host feeds it: it waits between steps, so the "
+                         "launches set the pace"),
+                 (n * B / (L + n * D), "the device waits for each launch: where launching takes longer than "
+                                       "running, the launches set the pace"),
+                 (B / max(L, D), "that is the pace in between: the clock also holds the first launch (the "
+                                 "device has nothing to run yet) and the last run (the host has nothing left "
+                                 "to launch)"),
+                 (B / (L + D), "the host does not wait for the device between steps: it launches the next "
+                               "step while the device runs the last one")]
+    if w:
+        slips += [((n + w) * B / seconds(n + w, synchronize), warm), ((n + w) * B / seconds(n, synchronize), warm),
+                  (n * B / seconds(n + w, synchronize), warm)]
+    slips += [(steps * B / seconds(timed, synchronize), one_off)
+              for steps, timed in ((n, n + 1), (n, n - 1), (n + 1, n), (n - 1, n)) if timed > 0]
+    if synchronize:
+        slips += [(n * B / (n * max(L, D) + D), "the device cannot start before the first launch is done"),
+                  (n * B / (L + n * max(L, D)), "the last step runs on the device after the host has launched it")]
+    return slips
+
+
+def check_stopwatch_prediction(predict) -> bool:
+    """`predict(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize) -> samples/s`,
+    what lesson 2's stopwatch reads on a device that queues work, against the reading of that
+    stopwatch run on `async_timeline.SimulatedDevice` in simulated time (exact, no noise)."""
+    if predict is None:
+        return _unfinished("stopwatch_reads")
+    for case in _STOPWATCH_CASES:
+        launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize = case
+        where = (f"launch {launch_s * 1e3:g} ms, device {device_s * 1e3:g} ms, {num_steps} steps of {batch_size} "
+                 f"after {warmup_steps} warm-up, synchronize={synchronize}")
+        try:
+            raw = predict(*case)
+        except NotImplementedError:
+            return _verdict(False, "stopwatch_reads still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{where}: stopwatch_reads raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        try:
+            got = math.nan if isinstance(raw, bool) else float(raw)
+        except (TypeError, ValueError):
+            got = math.nan
+        if not 0 < got < math.inf:
+            return _verdict(False, f"{where}: it returned {raw!r}: return samples per second, a positive number")
+        reading = async_timeline.stopwatch(launch_s, device_s, num_steps, warmup_steps=warmup_steps)
+        want = reading.samples_per_s(batch_size, synchronize)
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        if got < 1:
+            hint = "that looks like seconds: return samples per second"
+        elif math.isclose(got * 1e3, want, rel_tol=1e-6):
+            hint = "that is samples per millisecond: launch_s and device_s are in seconds"
+        else:
+            hint = next((message for value, message in _stopwatch_slips(*case)
+                         if math.isclose(got, value, rel_tol=1e-6)),
+                        "follow the first and the last timed step through the figure: when does the clock stop?")
+        shown = f"{got:.3g}" if got < 1 else f"{got:,.0f} samples/s"
+        return _verdict(False, f"{where}: {shown}, the stopwatch reads {want:,.0f} samples/s: {hint}")
+    return _verdict(True, f"all {len(_STOPWATCH_CASES)} cases: without synchronize the clock reads the host's "
+                          "launches; with it, the queue drains first; the warm-up stays outside the clock")
 
 
 # ----------------------------------------------------------------------------- lesson 3
@@ -897,6 +970,58 @@ def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
                                    f"{want[key] / 1e9:g} GB: params and grads are 2 bytes (fp16), Adam's states 12")
     return _verdict(True, "all four stages match the paper, part by part: 16 bytes per parameter, partitioned "
                           "optimizer states, then gradients, then parameters")
+
+
+def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
+    """`engine_bytes_per_rank(num_params, world_size, stage)` for lesson 9's live engine: fp32
+    parameters and gradients (4 + 4 bytes), SGD's momentum (4), and from stage 1 on DeepSpeed's
+    fp32 master copy of the rank's partition (4 more).  Checked part by part on a parameter count
+    that `world_size` does not divide (DeepSpeed pads partitions: rounding either way passes)."""
+    from scaledl import zero_memory
+
+    if engine_bytes_per_rank is None:
+        return _unfinished("engine_bytes_per_rank")
+    num_params = 206_922  # the CNN's
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-4)  # noqa: E731
+    for stage in range(4):
+        try:
+            got = engine_bytes_per_rank(num_params, world_size, stage)
+        except NotImplementedError:
+            return _verdict(False, "engine_bytes_per_rank still raises NotImplementedError: finish the exercise cell")
+        if not isinstance(got, dict) or set(got) < {"params", "grads", "optimizer"}:
+            return _verdict(False, "return a dict with the bytes of \"params\", \"grads\" and \"optimizer\"")
+        want = zero_memory.predict(num_params, world_size, stage)
+        shard = num_params / world_size
+        for key in ("params", "grads", "optimizer"):
+            if close(got[key], want[key]):
+                continue
+            full = num_params if key not in _PARTITIONED[stage] else shard
+            if key in ("params", "grads") and close(got[key], 2 * full):
+                return _verdict(False, f"stage {stage}: {_NAMES[key]} at 2 bytes: this engine trains in fp32, 4 bytes "
+                                       "per parameter (the paper's 2 are fp16)")
+            if key == "optimizer" and stage == 0 and close(got[key], 8 * num_params):
+                return _verdict(False, "stage 0: the engine steps your own optimizer as it is, momentum only: "
+                                       "DeepSpeed keeps no copy of the weights below stage 1")
+            if key == "optimizer" and stage >= 1 and close(got[key], 4 * shard):
+                return _verdict(False, f"stage {stage}: momentum alone is not all: from stage 1 on DeepSpeed also "
+                                       "keeps an fp32 copy of the weights it updates, even when they are fp32 already")
+            if key == "optimizer" and stage >= 1 and close(got[key], 4 * shard + 4 * num_params):
+                return _verdict(False, f"stage {stage}: the fp32 copy of the weights is of this rank's partition "
+                                       "only: each rank updates its own part")
+            if key == "optimizer" and close(got[key], 12 * full):
+                return _verdict(False, f"stage {stage}: 12 bytes of optimizer state is Adam's: this engine runs SGD "
+                                       "with momentum")
+            if key in _PARTITIONED[stage] and close(got[key], want[key] * world_size):
+                return _verdict(False, f"stage {stage}: {_NAMES[key]} are partitioned from stage "
+                                       f"{min(s for s in _PARTITIONED if key in _PARTITIONED[s])} on: divide them "
+                                       "by world_size")
+            if key not in _PARTITIONED[stage] and close(got[key] * world_size, want[key]):
+                kept = ", ".join(_NAMES[k] for k in _PARTITIONED[stage]) or "nothing"
+                return _verdict(False, f"stage {stage}: every rank still holds all the {_NAMES[key]}: stage {stage} "
+                                       f"partitions only {kept}")
+            return _verdict(False, f"stage {stage}: {_NAMES[key]} {got[key]:,.0f} bytes, expected {want[key]:,.0f}")
+    return _verdict(True, "the live engine's four stages, part by part: fp32 weights, gradients and momentum, and "
+                          "from stage 1 the fp32 copy of the rank's partition")
 
 
 # ----------------------------------------------------------------------------- pipeline
