@@ -43,7 +43,9 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$((ctld_port + 1))
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: a requeued job waits out its old credential's lifetime before it starts again
+# (slurm.conf(5)); 30 s instead of the default 120 keeps the requeue test short.
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=30
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
