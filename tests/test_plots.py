@@ -205,3 +205,30 @@ def test_node_binding_shows_polaris_reverse_gpu_order():
     assert [ax.get_title() for ax in fig.axes] == ["cuda:<local_rank>: 0 of 4 ranks local",
                                                    "GPU 3 - local_rank: 4 of 4 ranks local"]
     drawn(fig)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_data_parallel_step_draws_each_rank_and_one_average(world_size):
+    fig = plots.data_parallel_step(world_size)
+    ax = fig.axes[0]
+    texts = [text.get_text() for text in ax.texts]
+    assert [t for t in texts if t.startswith("rank ")] == [f"rank {r}\nmicro batch {r}" for r in range(world_size)]
+    assert [t for t in texts if t.startswith("$g_")] == [f"$g_{{{r}}}$" for r in range(world_size)]  # each its own
+    averages = [t for t in texts if t.startswith("all-reduce")]
+    assert len(averages) == 1 and f"/\\,{world_size}$" in averages[0]  # one all-reduce, an average over all ranks
+    assert " + ".join(f"g_{r}" for r in range(world_size)) in averages[0]
+    for identical in (r"$\bar g$", "$w$"):  # what the all-reduce makes the same on every rank
+        assert texts.count(identical) == world_size
+    assert f"{world_size} x micro_batch_size" in " ".join(texts)
+    renderer = rendered(fig)
+    boxes = [text.get_window_extent(renderer) for text in ax.texts]
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]  # labels apart
+    page = fig.bbox
+    assert all(page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+               for box in [*boxes, ax.title.get_window_extent(renderer)])  # nothing cut at the edge
+    drawn(fig)
+
+
+def test_data_parallel_step_needs_two_ranks():
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        plots.data_parallel_step(1)

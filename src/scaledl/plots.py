@@ -439,3 +439,54 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
         ax.axis("off")
     fig.local_counts = counts  # what the drawing shows, for a caller or a test
     return fig
+
+
+def data_parallel_step(world_size: int = 4):
+    """One data-parallel step, as Horovod (and DDP) run it on `world_size` ranks: each rank takes its
+    own shard of the global batch, runs forward and backward on that micro batch, and gets its own
+    gradients; one all-reduce averages them, so every rank holds the same gradients, takes the same
+    optimizer step and ends with the same weights.  Per-rank colours mark what differs between
+    ranks; one grey marks what is identical on all of them."""
+    from matplotlib.patches import FancyArrowPatch
+
+    if world_size < 2:
+        raise ValueError(f"data parallelism needs at least 2 ranks, got world_size={world_size}")
+    palette = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974"]
+    own = [palette[r % len(palette)] + "66" for r in range(world_size)]  # light: the text stays readable
+    same = "#D9D9D9"
+    pitch, width = 1.3, 1.05  # column pitch and box width, in data units
+    right = (world_size - 1) * pitch + width
+    fig, ax = _figure(2.6 + 1.35 * world_size, 7.0)
+    # Each row: (bottom, height), top to bottom.
+    rows = {"batch": (8.05, 0.45), "data": (7.0, 0.62), "compute": (5.9, 0.62), "grads": (4.8, 0.62),
+            "allreduce": (3.45, 0.85), "averaged": (2.35, 0.62), "update": (1.25, 0.62), "weights": (0.15, 0.62)}
+    for key, text in (("batch", "the global batch"), ("data", "each rank\nits own shard"),
+                      ("compute", "forward + backward,\neach rank alone"), ("grads", "its own gradients\n(different)"),
+                      ("allreduce", "one all-reduce\n(communication)"), ("averaged", "averaged gradients\n(identical)"),
+                      ("update", "the same\noptimizer step"), ("weights", "identical weights")):
+        bottom, height = rows[key]
+        ax.text(-0.25, bottom + height / 2, text, ha="right", va="center", fontsize=8, color="0.25")
+    _box(ax, 0, *rows["batch"][:1], right, rows["batch"][1],
+         f"global_batch_size = {world_size} x micro_batch_size", "#EEEEEE")
+    terms = " + ".join(f"g_{r}" for r in range(world_size)) if world_size <= 4 else \
+        "g_0 + \\dots + g_{%d}" % (world_size - 1)
+    _box(ax, 0, rows["allreduce"][0], right, rows["allreduce"][1],
+         f"all-reduce, average:\n$\\bar g = ({terms})\\,/\\,{world_size}$\n(lesson 3's ring; Horovod fuses tensors)",
+         COLORS["comm"] + "55")
+    for r in range(world_size):
+        x, centre = r * pitch, r * pitch + width / 2
+        for key, text, color, size in (("data", f"rank {r}\nmicro batch {r}", own[r], 8),
+                                       ("compute", "forward,\nbackward", own[r], 8),
+                                       ("grads", f"$g_{{{r}}}$", own[r], 10), ("averaged", r"$\bar g$", same, 10),
+                                       ("update", r"$w \leftarrow \mathrm{step}(w, \bar g)$", same, 8),
+                                       ("weights", "$w$", same, 10)):
+            _box(ax, x, rows[key][0], width, rows[key][1], text, color, fontsize=size)
+        order = list(rows)
+        for top, bottom in zip(order, order[1:]):
+            ax.add_patch(FancyArrowPatch((centre, rows[top][0] - 0.02), (centre, sum(rows[bottom]) + 0.04),
+                                         arrowstyle="-|>", mutation_scale=10, linewidth=0.9, color="0.3"))
+    ax.set(xlim=(-2.1, right + 0.1), ylim=(rows["weights"][0] - 0.12, sum(rows["batch"]) + 0.1))
+    ax.set_title(f"one data-parallel step on {world_size} rank{'s' * (world_size > 1)}:\n"
+                 "different data and gradients in, identical weights out", fontsize=10)
+    ax.axis("off")
+    return fig
