@@ -49,13 +49,15 @@ def test_horovod_torch_reaches_95_percent_with_ranks_in_sync(tmp_path, launcher,
     assert summary["params_in_sync"] is True
 
 
-def test_adasum_refuses_fp16_before_anything_starts(tmp_path):
-    # Adasum's optimizer steps inside backward's hooks, on gradients fp16 has not unscaled yet.
+@pytest.mark.parametrize("flags, named", [(["--precision", "fp16"], "bf16"), (["--on-nonfinite", "skip"], "stop")])
+def test_adasum_refuses_what_its_hooks_cannot_undo_before_anything_starts(tmp_path, flags, named):
+    # Adasum's optimizer steps inside backward's hooks: on gradients fp16 has not unscaled yet, and
+    # before the non-finite check could skip the step (the parameters then hold the local update).
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "scaledl.ladder.horovod_torch", "--adasum", "--precision", "fp16",
+    result = subprocess.run([sys.executable, "-m", "scaledl.ladder.horovod_torch", "--adasum", *flags,
                              "--out-dir", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and not out.exists()
-    assert result.stderr.strip().count("\n") == 0 and "--adasum" in result.stderr and "bf16" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "--adasum" in result.stderr and named in result.stderr
 
 
 @pytest.mark.slow

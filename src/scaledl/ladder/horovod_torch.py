@@ -44,6 +44,9 @@ def main(argv=None) -> int:
     if args.adasum and config.precision == "fp16":  # New Code #: Adasum steps in backward's hooks, before unscaling
         flags.error("--adasum applies each step in backward's hooks, before fp16 unscales the gradients: "
                     "use --precision bf16 or fp32 with it")  # New Code #
+    if args.adasum and config.on_nonfinite == "skip":  # New Code #: the hooks have stepped before the guard looks
+        flags.error("--adasum applies each step in backward's hooks, before the non-finite check, so a step "
+                    "cannot be skipped: use --on-nonfinite stop with it")  # New Code #
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
             run.scaler.scale(loss).backward()  # fp16 scales the loss up so that small gradients survive
             optimizer.synchronize()  # New Code #: wait for the averaged gradients before anyone reads them
             if run.guard.allows_step(model.parameters(), loss):  # NaN or inf gradients: stop, or skip the step
-                # New Code #: already done above (Adasum has nothing to skip: it combines the updates inside step)
+                # New Code #: already done above (with Adasum, --on-nonfinite is stop: its hooks have stepped)
                 with contextlib.nullcontext() if args.adasum else optimizer.skip_synchronize():
                     run.scaler.step(optimizer)  # New Code #
             run.scaler.update()
