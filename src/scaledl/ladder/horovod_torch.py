@@ -41,12 +41,9 @@ def main(argv=None) -> int:
     flags.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
     flags.add_argument("--adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
     config, args = harness.parse(flags, argv)
-    if args.adasum and config.precision == "fp16":  # New Code #: Adasum steps in backward's hooks, before unscaling
-        flags.error("--adasum applies each step in backward's hooks, before fp16 unscales the gradients: "
-                    "use --precision bf16 or fp32 with it")  # New Code #
-    if args.adasum and config.on_nonfinite == "skip":  # New Code #: the hooks have stepped before the guard looks
-        flags.error("--adasum applies each step in backward's hooks, before the non-finite check, so a step "
-                    "cannot be skipped: use --on-nonfinite stop with it")  # New Code #
+    if args.adasum and (config.precision == "fp16" or config.on_nonfinite == "skip"):  # New Code #: it steps in hooks
+        flags.error("--adasum applies each step in backward's hooks, before fp16 unscales the gradients and before "
+                    "the non-finite check: use --precision bf16 or fp32 and --on-nonfinite stop")  # New Code #
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
