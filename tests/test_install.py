@@ -160,13 +160,14 @@ def test_pip_resolves_the_pins_on_each_supported_python(tmp_path):
     # there: a wheel or sdist whose Requires-Python admits it.  (Horovod and DeepSpeed are built
     # from their sdists by make setup; mpi4py too.)  The resolutions wait on the index, not the
     # CPU: they run side by side.
-    versions = [version for version in ("3.10", "3.12", "3.13") if pyenv_pythons(version)]
-    if not versions:
+    found = {version: pyenv_pythons(version) for version in ("3.10", "3.12", "3.13")}
+    interpreters = {version: pythons[0] for version, pythons in found.items() if pythons}
+    if not interpreters:
         pytest.skip("no Python 3.10, 3.12 or 3.13 here")
     running = {}
-    for version in versions:
+    for version, interpreter in interpreters.items():
         folder = tmp_path / version
-        sh([pyenv_pythons(version)[0], "-m", "venv", folder / "venv"])
+        sh([interpreter, "-m", "venv", folder / "venv"])
         python = folder / "venv" / "bin" / "python"
         pins = sh([python, ROOT / "tools" / "pins.py", "core", "torch", "tensorflow", "mpi", "horovod", "deepspeed",
                    "notebooks", "test"]).stdout.split()

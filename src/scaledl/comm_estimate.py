@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import math
 
+from scaledl.grader import _unfinished, _verdict
+from scaledl.predict import DDP_BUCKET_BYTES
+
 MIB = 2**20
 FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (torch 2.13)
-DEFAULT_BUCKET_CAP_MB = 25  # _DEFAULT_BUCKET_CAP_MB, torch/nn/parallel/distributed.py (torch 2.13)
 
 
 def ddp_buckets(model, bucket_cap_mb: float | None = None) -> list[dict]:
@@ -29,7 +31,7 @@ def ddp_buckets(model, bucket_cap_mb: float | None = None) -> list[dict]:
     order they are all-reduced.  The parameters that need a gradient are taken in reverse order (the
     order their gradients become ready when the layers run one after another); each (dtype, device)
     fills buckets of its own, as torch's reducer keeps them apart."""
-    cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * MIB)
+    cap = DDP_BUCKET_BYTES if bucket_cap_mb is None else int(bucket_cap_mb * MIB)
     limits = [FIRST_BUCKET_BYTES if bucket_cap_mb is None else cap, cap]
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad][::-1]
     closed, filling, done_per_key = [], {}, {}
@@ -86,18 +88,13 @@ def shortest_per_call(reduced_by_rank: list, phase: str = "backward") -> list[fl
     return [min(times) for times in zip(*calls)]
 
 
-def _verdict(ok: bool, message: str) -> bool:
-    print(("PASS: " if ok else "FAIL: ") + message)
-    return ok
-
-
 def check_window_prediction(predicted, measured, grad_bytes: int, world_size: int, accumulation_steps: int) -> bool:
     """Lesson 8: `predicted` = {"all_reduces": n, "bytes": b}, what ZeRO stage 2's backwards all-reduce in
     one accumulation window, against `measured` (the same keys, from the live ranks).  It passes only on
     the measurement; the hints name the usual wrong models of stage 2 (`grad_bytes` of gradients,
     all-reduced whole per backward by DeepSpeed 0.19.8's default `use_multi_rank_bucket_allreduce`)."""
     if predicted is None:
-        return _verdict(False, "`stage2_window` is not set: finish the exercise cell above and run it")
+        return _unfinished("stage2_window")
     if not isinstance(predicted, dict) or not {"all_reduces", "bytes"} <= set(predicted):
         return _verdict(False, "`stage2_window` needs two keys: {\"all_reduces\": ..., \"bytes\": ...}")
     if not measured:
