@@ -11,6 +11,25 @@ def test_without_a_gpu_two_cpu_ranks():
     assert engines.default_world_size() == 2
 
 
+@pytest.mark.parametrize("accelerators, expected", [(0, 2), (1, 2), (2, 2), (4, 4), (12, 12)])
+def test_one_rank_per_gpu_where_there_are_two_or_more(accelerators, expected):
+    assert engines.default_world_size(accelerators) == expected
+
+
+def test_ranks_that_outnumber_the_gpus_run_on_the_cpu():
+    """NCCL refuses two ranks on one GPU: on a 1-GPU laptop the lessons' 2 ranks hide the GPU and use gloo."""
+    plan = engines.plan(None, env={"PATH": "/usr/bin"}, hostname="laptop", accelerators=("cuda", 1))
+    assert plan.world_size == 2 and plan.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "1 GPU cannot give each of 2 ranks its own" in plan.note
+    plan = engines.plan(3, env={"PATH": "/usr/bin"}, hostname="laptop", accelerators=("cuda", 2))
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and "2 GPUs" in plan.note
+    for world_size in (None, 1, 4):
+        plan = engines.plan(world_size, env={"PATH": "/usr/bin"}, hostname="laptop", accelerators=("cuda", 4))
+        assert "CUDA_VISIBLE_DEVICES" not in plan.env and plan.note == ""
+    with pytest.raises(launch_env.LaunchError, match="more ranks than this node's 2 xpu devices"):
+        engines.plan(3, env={"PATH": "/usr/bin"}, hostname="laptop", accelerators=("xpu", 2))
+
+
 def test_local_uses_open_mpis_mpiexec():
     plan = engines.plan(None, env={"PATH": "/usr/bin"}, hostname="laptop")
     assert plan.system == "local" and plan.world_size == 2

@@ -1,6 +1,6 @@
 """Live ranks for the lessons: ipyparallel engines started the way a training job starts its ranks.
 
-    cluster, ranks = engines.start()    # one rank per GPU of this node (per tile on Aurora), else 2
+    cluster, ranks = engines.start()    # one rank per GPU of this node (per tile on Aurora), else 2 on the CPU
     %%px                                # a cell that runs on every rank
     ...
     cluster.stop_cluster_sync()
@@ -44,6 +44,7 @@ class EnginePlan:
     mpi_cmd: list[str]
     mpi_args: list[str]
     env: dict[str, str] = field(default_factory=dict)  # set for the engines (communication presets)
+    note: str = ""  # why the ranks run where they do, when it is not one per GPU
 
 
 def accelerator_count() -> int:
@@ -56,26 +57,53 @@ def accelerator_count() -> int:
         return 0
 
 
-def default_world_size() -> int:
-    """One rank per accelerator, as a training job runs; else CPU_RANKS ranks on the CPU."""
-    return accelerator_count() or CPU_RANKS
+def default_world_size(accelerators: int | None = None) -> int:
+    """One rank per accelerator, as a training job runs, where the node has two or more; else
+    CPU_RANKS ranks on the CPU (a lesson about several ranks needs at least two, and NCCL will
+    not put two ranks on one GPU)."""
+    accelerators = accelerator_count() if accelerators is None else accelerators
+    return accelerators if accelerators >= 2 else CPU_RANKS
+
+
+def _on_the_cpu(world_size: int, kind: str | None, accelerators: int) -> tuple[dict[str, str], str]:
+    """The engines' environment and a note when the ranks outnumber this node's accelerators.
+
+    NCCL refuses two ranks on one GPU (init.cc: "Duplicate GPU detected", ncclInvalidUsage), so
+    such ranks run on the CPU with gloo: an empty CUDA_VISIBLE_DEVICES hides the GPUs from the
+    engines, and from every library they load (DeepSpeed picks its accelerator by itself)."""
+    if not accelerators or world_size <= accelerators:
+        return {}, ""
+    if kind != "cuda":
+        raise LaunchError(f"WORLD_SIZE = {world_size} is more ranks than this node's {accelerators} {kind} devices, "
+                          f"and two ranks cannot share one: set WORLD_SIZE to at most {accelerators}")
+    return {"CUDA_VISIBLE_DEVICES": ""}, (f"on the CPU with gloo: this node's {accelerators} GPU"
+                                          f"{'s' if accelerators > 1 else ''} cannot give each of {world_size} "
+                                          "ranks its own, which NCCL needs")
 
 
 def plan(world_size: int | None = None, system: str | None = None, env: Mapping[str, str] | None = None,
-         hostname: str | None = None) -> EnginePlan:
-    """The launch of `world_size` engines on this node (default: one per GPU, else 2), for the
-    system detected from `env` (PBS, Slurm, host names) or named (local, polaris, aurora, slurm)."""
+         hostname: str | None = None, accelerators: tuple[str | None, int] | None = None) -> EnginePlan:
+    """The launch of `world_size` engines on this node (default: one per GPU, else 2 on the CPU),
+    for the system detected from `env` (PBS, Slurm, host names) or named (local, polaris, aurora,
+    slurm).  `accelerators`: this node's (kind, count), found when not given."""
     env = dict(os.environ if env is None else env)
-    world_size = default_world_size() if world_size is None else world_size
+    if accelerators is None:
+        count = accelerator_count()
+        if count:
+            from scaledl import devices  # torch is there: it found the devices
+
+        accelerators = (devices.accelerator() if count else None, count)
+    world_size = default_world_size(accelerators[1]) if world_size is None else world_size
     if not isinstance(world_size, int) or world_size < 1:
         raise LaunchError(f"WORLD_SIZE must be a whole number of ranks, at least 1, got {world_size!r}")
+    hidden, note = _on_the_cpu(world_size, *accelerators)
     if system is None:
         system, _ = detect_system(env, hostname)
     if system == "local":
         # Open MPI's mpiexec; as root and with more ranks than cores it needs permission.
         extra = {k: v for k, v in launchers.local_env(world_size, env).items()
                  if k.startswith("OMPI_") and env.get(k) != v}
-        return EnginePlan("local", world_size, [launchers.tool("mpiexec")], [], extra)
+        return EnginePlan("local", world_size, [launchers.tool("mpiexec")], [], {**extra, **hidden}, note)
     # The batch systems: the same command `scaledl launch` builds, all ranks on this node.
     launch = build_plan(world_size, Target(ENGINE), ppn=world_size, system=system, env=env, hostname=hostname)
     command = list(launch.command)
@@ -83,7 +111,7 @@ def plan(world_size: int | None = None, system: str | None = None, env: Mapping[
     options = command[1:python_at]
     where = options.index("-n")
     del options[where:where + 2]  # ipyparallel puts `-n world_size` after the command itself
-    return EnginePlan(system, world_size, command[:1], options, dict(launch.env))
+    return EnginePlan(system, world_size, command[:1], options, {**launch.env, **hidden}, note)
 
 
 def start(world_size: int | None = None, system: str | None = None, timeout_s: float = 180):
@@ -117,7 +145,7 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     view.block = True  # each %%px cell waits for every rank and shows what each printed
     view.activate()  # %%px now runs on these engines
     command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
-    print(f"{how.world_size} ranks up ({how.system}: {command})")
+    print(f"{how.world_size} ranks up ({how.system}: {command})" + (f", {how.note}" if how.note else ""))
     return cluster, view
 
 

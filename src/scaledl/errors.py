@@ -114,6 +114,11 @@ def as_user_error(error: Exception) -> UserError | None:
         return UserError("--backend nccl needs CUDA GPUs and this host has none: leave out --backend, or use gloo")
     if in_init and re.search(r"invalid backend|unknown backend type", text, re.IGNORECASE):
         return UserError(f"PyTorch does not know this backend ({_first_line(error)}): leave out --backend, or use gloo")
+    if "Duplicate GPU detected" in text:  # NCCL's init.cc: two ranks of one node on one GPU (ncclInvalidUsage)
+        seen = re.search(r"Duplicate GPU detected\s*:\s*([^\n]*)", text)
+        return UserError(f"two ranks share one GPU ({seen.group(1).strip() if seen else 'NCCL: Duplicate GPU'}), and "
+                         "NCCL needs one GPU per rank: start at most as many ranks on a node as it has GPUs "
+                         "(torchrun --nproc_per_node, mpiexec --ppn), or run on the CPU with --device cpu")
     if isinstance(error, ModuleNotFoundError) and error.name == "oneccl_bindings_for_pytorch":
         return UserError("the ccl backend needs oneCCL's bindings (oneccl_bindings_for_pytorch), which are not "
                          "installed: load Aurora's frameworks module, or use --backend gloo")

@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     sampler = RandomSampler(train_set, generator=order)  # a new shuffle every epoch
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
     model = wrap(models.for_config(config, data).to(device), device, mesh)  # New Code #: rank 0's weights, split
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    # New Code #: not foreach, a GPU's default: it refuses DTensors mixed with plain tensors (torch/optim/optimizer.py)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, foreach=False)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, replicas=1,  # New Code #: one model
                            state=run_state.FullState(model, optimizer))  # New Code #: whole tensors in a checkpoint
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
