@@ -967,7 +967,7 @@ def test_exposed_communication_check(capsys):
     (grader.check_warmup, (None,)), (grader.check_zero_formula, (None,)), (grader.check_parallelism_choice, (None,)),
     (grader.check_ring_prediction, (None,)), (grader.check_fusion, (None,)), (grader.check_accumulation_plan, (None,)),
     (grader.check_exposed, (None,)), (grader.check_engine_bytes, (None,)),
-    (grader.check_stopwatch_prediction, (None,)),
+    (grader.check_stopwatch_prediction, (None,)), (grader.check_ddp_buckets, (None,)),
 ])
 def test_every_check_fails_on_a_name_never_set(check, args, capsys):
     assert check(*args) is False
@@ -1051,3 +1051,66 @@ def test_binding_prediction_check(capsys):
           "local rank 0 on NUMA node 0 with a GPU on NUMA node 3 (far)")
     fails(capsys, grader.check_binding_prediction({0: (3, 0)}, placements, gpu_nodes), "every local rank 0-3")
     fails(capsys, grader.check_binding_prediction(None, placements, gpu_nodes), "`prediction` is not set")
+
+
+# ---------------------------------------------------------------- lesson 6: DDP's buckets
+
+def learner_buckets(order=-1, default_first=2**20, strict=False, unit=2**20, frozen=False, per_element=False,
+                    horovod=False):
+    """A learner's predict_buckets, written out as one would, with one of the usual mistakes."""
+    def predict(model, bucket_cap_mb=None):
+        caps = [default_first, 25 * unit] if bucket_cap_mb is None else [int(bucket_cap_mb * unit)] * 2
+        buckets, names, size = [], [], 0
+        for name, p in list(model.named_parameters())[::order]:
+            if not p.requires_grad and not frozen:
+                continue
+            nbytes = p.numel() if per_element else p.numel() * p.element_size()
+            cap = caps[min(len(buckets), 1)]
+            if horovod and names and size + nbytes > cap:
+                buckets.append(names)
+                names, size = [], 0
+            names.append(name)
+            size += nbytes
+            if not horovod and (size > cap if strict else size >= cap):
+                buckets.append(names)
+                names, size = [], 0
+        return buckets + ([names] if names else [])
+    return predict
+
+
+def test_bucket_check_names_each_wrong_rule(capsys):
+    assert grader.check_ddp_buckets(learner_buckets())
+    verdict(capsys)
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(order=1)), "last layer first", "bucket_cap_mb=1")
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(default_first=25 * 2**20)), "first bucket is smaller")
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(strict=True)), "reach the cap", "512x512")
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(unit=10**6)), "1024 * 1024")
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(frozen=True)), "requires_grad=False")
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(per_element=True)), "4 bytes per element")
+    fails(capsys, grader.check_ddp_buckets(learner_buckets(horovod=True)), "Horovod's fusion")
+    fails(capsys, grader.check_ddp_buckets(lambda model, cap: [[n for n, _ in model.named_parameters()][::-1]]),
+          "you made", "DDP makes")
+    fails(capsys, grader.check_ddp_buckets(lambda model, cap: 1 / 0), "ZeroDivisionError")
+
+    def untouched(model, bucket_cap_mb=None):
+        raise NotImplementedError
+    fails(capsys, grader.check_ddp_buckets(untouched), "NotImplementedError")
+
+
+def test_bucket_check_takes_an_unusual_right_answer(capsys):
+    """Tuples, a running total kept in a list, the caps worked out per bucket: still DDP's buckets."""
+    import itertools
+
+    def predict(model, bucket_cap_mb=None):
+        sizes = [(n, p.nelement() * p.element_size()) for n, p in reversed(list(model.named_parameters()))
+                 if p.requires_grad]
+        out, current = [], []
+        for name, nbytes in sizes:
+            current.append((name, nbytes))
+            cap = (2**20 if not out else 25 * 2**20) if bucket_cap_mb is None else bucket_cap_mb * 1024 * 1024
+            if sum(b for _, b in current) >= cap:
+                out.append(tuple(n for n, _ in current))
+                current = []
+        return out + [tuple(n for n, _ in current)] * bool(current) + list(itertools.islice([], 0))
+    assert grader.check_ddp_buckets(predict)
+    assert verdict(capsys).startswith("PASS: ")

@@ -576,6 +576,96 @@ def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance
                           f"as one step on the {accumulation_steps}x larger batch of all {len(reports_by_rank)} ranks")
 
 
+def _bucket_models() -> list:
+    """(description, model, bucket_cap_mb) cases where the usual wrong rules give other buckets than DDP's:
+    a bucket that reaches its cap exactly, caps in MiB that 10**6 bytes do not reach, the default caps
+    (a 1 MiB first bucket, 25 MiB after it) on a model of 8 MB, and a frozen layer."""
+    import torch.nn as nn
+
+    from scaledl import models
+
+    def linears(*sizes, bias=True):
+        return nn.Sequential(*[nn.Linear(n_in, n_out, bias=bias) for n_in, n_out in zip(sizes, sizes[1:])])
+
+    frozen = models.torch_cnn(width=16)
+    frozen[0].requires_grad_(False)
+    return [("the lesson's CNN (width 64) with bucket_cap_mb=1", models.torch_cnn(width=64), 1),
+            ("3 bias-free 512x512 layers (1 MiB each) with bucket_cap_mb=1",
+             linears(512, 512, 512, 512, bias=False), 1),
+            ("2 bias-free 500x500 layers (10**6 B each) with bucket_cap_mb=1", linears(500, 500, 500, bias=False), 1),
+            ("layers 1000-1000-1000-10 with the default caps", linears(1000, 1000, 1000, 10), None),
+            ("the CNN (width 16) with its first layer frozen, bucket_cap_mb=0.1", frozen, 0.1)]
+
+
+def _buckets_by_rule(model, bucket_cap_mb, order=-1, first_cap=True, reach=True, unit=2**20, frozen=False,
+                     element_bytes=True, fit_before=False) -> list[list[str]]:
+    """DDP's bucketing with one rule changed, to name the rule a wrong answer broke."""
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * unit)
+    caps = [2**20 if bucket_cap_mb is None and first_cap else cap, cap]
+    buckets, names, size = [], [], 0
+    for name, param in list(model.named_parameters())[::order]:
+        if not (param.requires_grad or frozen):
+            continue
+        nbytes = param.numel() * (param.element_size() if element_bytes else 1)
+        limit = caps[min(len(buckets), 1)]
+        if fit_before and names and size + nbytes > limit:
+            buckets.append(names)
+            names, size = [], 0
+            limit = caps[min(len(buckets), 1)]
+        names.append(name)
+        size += nbytes
+        if not fit_before and (size >= limit if reach else size > limit):
+            buckets.append(names)
+            names, size = [], 0
+    return buckets + ([names] if names else [])
+
+
+_BUCKET_HINTS = [
+    ({"order": 1}, "DDP fills its buckets in the order the gradients become ready: backward reaches the last "
+                   "layer first, so walk the parameters from last to first"),
+    ({"frozen": True}, "a parameter with requires_grad=False gets no gradient and joins no bucket"),
+    ({"reach": False}, "a bucket closes as soon as its bytes reach the cap (at or past it), not only once it is past"),
+    ({"unit": 10**6}, "bucket_cap_mb counts MiB: multiply by 1024 * 1024, not 10**6"),
+    ({"fit_before": True}, "a bucket takes the tensor that brings it to its cap or past it, then closes: the "
+                           "tensor does not move on to the next bucket (that is Horovod's fusion, not DDP's)"),
+    ({"first_cap": False}, "with the default caps the first bucket is smaller: 1 MiB, so that the first "
+                           "all-reduce starts early; the others take 25 MiB"),
+    ({"element_bytes": False}, "the cap is in bytes: a float32 parameter takes 4 bytes per element"),
+]
+
+
+def _shown(buckets: list) -> str:
+    return " | ".join(", ".join(bucket) for bucket in buckets)
+
+
+def check_ddp_buckets(predict) -> bool:
+    """`predict(model, bucket_cap_mb)` -> DDP's buckets, a list of lists of parameter names in the
+    order they are all-reduced, against `scaledl.comm_estimate.ddp_buckets` (torch's own
+    `_compute_bucket_assignment_by_size`, checked in tests/test_comm_estimate.py)."""
+    from scaledl import comm_estimate
+
+    if predict is None:
+        return _unfinished("predict_buckets")
+    cases = _bucket_models()
+    for case, model, bucket_cap_mb in cases:
+        try:
+            got = [list(bucket) for bucket in predict(model, bucket_cap_mb)]
+        except NotImplementedError:
+            return _verdict(False, "predict_buckets still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: predict_buckets raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = [bucket["names"] for bucket in comm_estimate.ddp_buckets(model, bucket_cap_mb)]
+        if got == want:
+            continue
+        hints = [hint for change, hint in _BUCKET_HINTS if got == _buckets_by_rule(model, bucket_cap_mb, **change)]
+        hint = hints[0] if hints else ("each parameter that needs a gradient goes in exactly one bucket, last layer "
+                                       "first; a bucket closes once its bytes reach its cap")
+        return _verdict(False, f"{case}: you made [{_shown(got)}], DDP makes [{_shown(want)}]: {hint}")
+    return _verdict(True, f"all {len(cases)} models bucketed as DDP buckets them: last layer first, each bucket "
+                          "closed once it reaches its cap, the first one 1 MiB by default")
+
+
 def horovod_fuse(tensors: list, threshold: int) -> list[list[str]]:
     """Horovod's packing of one cycle's tensors (`[(name, bytes)]` in its order) into fusion
     buffers: greedily in order, the next tensor joins while the buffer stays within the threshold,
