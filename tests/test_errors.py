@@ -40,3 +40,20 @@ def test_user_errors_are_one_line(tmp_path, rung, args, env, message):
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert lines[0].startswith(f"scaledl.ladder.{rung}: error:") or lines[0].startswith("python -m scaledl.ladder")
     assert not out_dir.exists()
+
+
+@pytest.mark.parametrize("nccl_says", [
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 6000",  # NCCL up to 2.29 (init.cc)
+    "Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.",
+])
+def test_two_ranks_on_one_gpu_is_the_users_launch(nccl_says):
+    """What PyTorch raises when NCCL refuses two ranks on one GPU (its message ends with NCCL's last error);
+    the gpu tier starts the real thing (test_gpu.py::test_ranks_that_share_a_gpu_get_one_line)."""
+    from scaledl import errors
+
+    raised = RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1, invalid usage (run with NCCL_DEBUG=WARN for "
+                          f"details), NCCL version 2.28.9\nncclInvalidUsage: This usually reflects invalid usage of "
+                          f"NCCL library.\nLast error:\n{nccl_says}")
+    mapped = errors.as_user_error(raised)
+    assert mapped is not None and "two ranks share one GPU" in str(mapped) and "--nproc_per_node" in str(mapped)
+    assert errors.as_user_error(RuntimeError("NCCL error: unhandled system error")) is None

@@ -1114,3 +1114,36 @@ def test_bucket_check_takes_an_unusual_right_answer(capsys):
         return out + [tuple(n for n, _ in current)] * bool(current) + list(itertools.islice([], 0))
     assert grader.check_ddp_buckets(predict)
     assert verdict(capsys).startswith("PASS: ")
+
+
+def polaris_ranks(ranks: int, cpu_bind: str, depth: int = 16):
+    """A launch of `ranks` ranks a node with ALCF's wrapper and the learner's --cpu-bind, on the recorded tree."""
+    from pathlib import Path
+
+    from scaledl import binding
+
+    root = Path(__file__).parent / "data" / "sysfs" / "polaris"
+    command = ["mpiexec", "-n", str(ranks), "--ppn", str(ranks), "--depth", str(depth), "--cpu-bind", cpu_bind,
+               "bash", "-c", 'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID % 4)); exec "$@"', "bind",
+               "python", "train.py"]
+    return binding.plan(command, {}, "cuda", ranks, root)
+
+
+def test_binding_launch_check(capsys):
+    assert grader.check_binding_launch(polaris_ranks(2, "list:0-7:8-15"))
+    assert "rank 1: CPUs 8-15" in verdict(capsys)
+    # Unusual but right: the cores' second hardware threads only, and a whole NUMA node with them.
+    assert grader.check_binding_launch(polaris_ranks(2, "list:32-39:40-47"))
+    verdict(capsys)
+    assert grader.check_binding_launch(polaris_ranks(2, "list:0-7,32-39:8-15,40-47"))
+    verdict(capsys)
+    # The first guess, 16 cores deep: rank 0 split over NUMA nodes 0-1, rank 1 far on 2-3.
+    fails(capsys, grader.check_binding_launch(polaris_ranks(2, "depth")), "local rank 0", "(split)", "NUMA node 0 only")
+    fails(capsys, grader.check_binding_launch(polaris_ranks(2, "list:8-15:0-7")), "(far)", "0-7,32-39")
+    fails(capsys, grader.check_binding_launch(polaris_ranks(2, "none")), "(split)")
+    fails(capsys, grader.check_binding_launch(polaris_ranks(2, "list:0:8")), "1 CPU", "at least the cores")
+    fails(capsys, grader.check_binding_launch(polaris_ranks(2, "list:0-3:8-11")), "4 CPUs")
+    # 8 ranks, two to a GPU (the wrapper's r % 4): each local, but ranks r and r + 4 on the same cores.
+    fails(capsys, grader.check_binding_launch(polaris_ranks(8, "list:0-7:8-15:16-23:24-31:0-7:8-15:16-23:24-31")),
+          "share CPUs")
+    fails(capsys, grader.check_binding_launch([]), "`CPU_BIND` is not set")

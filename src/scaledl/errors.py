@@ -114,9 +114,11 @@ def as_user_error(error: Exception) -> UserError | None:
         return UserError("--backend nccl needs CUDA GPUs and this host has none: leave out --backend, or use gloo")
     if in_init and re.search(r"invalid backend|unknown backend type", text, re.IGNORECASE):
         return UserError(f"PyTorch does not know this backend ({_first_line(error)}): leave out --backend, or use gloo")
-    if "Duplicate GPU detected" in text:  # NCCL's init.cc: two ranks of one node on one GPU (ncclInvalidUsage)
-        seen = re.search(r"Duplicate GPU detected\s*:\s*([^\n]*)", text)
-        return UserError(f"two ranks share one GPU ({seen.group(1).strip() if seen else 'NCCL: Duplicate GPU'}), and "
+    # NCCL's init.cc refuses two ranks of one node on one GPU (ncclInvalidUsage): "Duplicate GPU detected : rank 1
+    # and rank 0 both on CUDA device ..." up to 2.29, "Multiple Ranks are using the same GPU/Partition" from 2.30.
+    shared = re.search(r"Duplicate GPU detected\s*:\s*([^\n]*)|Multiple Ranks are using the same GPU", text)
+    if shared:
+        return UserError(f"two ranks share one GPU ({(shared.group(1) or shared.group(0)).strip()}), and "
                          "NCCL needs one GPU per rank: start at most as many ranks on a node as it has GPUs "
                          "(torchrun --nproc_per_node, mpiexec --ppn), or run on the CPU with --device cpu")
     if isinstance(error, ModuleNotFoundError) and error.name == "oneccl_bindings_for_pytorch":

@@ -1222,6 +1222,38 @@ def check_fsdp_reshard(reports_by_rank: list) -> bool:
 
 # ----------------------------------------------------------------------------- lesson 0
 
+def check_binding_launch(placements: list, node_cores: int = 8) -> bool:
+    """A launch the learner wrote (`scaledl.binding.plan` of it on a node's sysfs tree): every rank
+    local to its GPU, on CPUs of its own, and at least the `node_cores` cores of a NUMA node each
+    (one core per rank is local too, but starves the data loader and the host side)."""
+    if not placements:
+        return _unfinished("CPU_BIND")
+    for p in placements:
+        if p.verdict != "local":
+            return _verdict(False, f"local rank {p.local_rank}: CPUs {format_cpus(p.cpus)} on NUMA node "
+                                   f"{','.join(map(str, p.cpu_nodes))}, its GPU on NUMA node {p.gpu_node} "
+                                   f"({p.verdict}): give it CPUs of NUMA node {p.gpu_node} only "
+                                   f"({format_cpus(p.node_cpus)})")
+    for p, q in ((p, q) for i, p in enumerate(placements) for q in placements[i + 1:]):
+        if p.cpus & q.cpus:
+            return _verdict(False, f"local ranks {p.local_rank} and {q.local_rank} share CPUs "
+                                   f"{format_cpus(p.cpus & q.cpus)}: give each rank CPUs of its own")
+    for p in placements:
+        cores = len(p.cpus)
+        if cores < node_cores:
+            return _verdict(False, f"local rank {p.local_rank} has {cores} CPU{'s' * (cores != 1)}, local but few: "
+                                   f"its NUMA node has {node_cores} cores ({format_cpus(p.node_cpus)} with their "
+                                   "second hardware threads); give it at least the cores")
+    shown = "; ".join(f"rank {p.local_rank}: CPUs {format_cpus(p.cpus)}, GPU on NUMA {p.gpu_node}" for p in placements)
+    return _verdict(True, f"every rank on its GPU's NUMA node, with CPUs of its own ({shown})")
+
+
+def format_cpus(cpus) -> str:
+    from scaledl import binding
+
+    return binding.format_cpulist(cpus)
+
+
 def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> bool:
     """`prediction[local_rank] = (GPU, NUMA node of that GPU)` for a launch whose ranks land as
     `placements` (`scaledl.binding.plan` on a node's sysfs tree); GPU as its number in PCI order
