@@ -44,6 +44,7 @@ def test_user_errors_are_one_line(tmp_path, rung, args, env, message):
 
 @pytest.mark.parametrize("nccl_says", [
     "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 6000",  # NCCL up to 2.29 (init.cc)
+    "Multiple ranks detected using the same GPU on this node. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to allow it.",  # 2.30.3
     "Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.",
 ])
 def test_two_ranks_on_one_gpu_is_the_users_launch(nccl_says):

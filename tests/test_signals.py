@@ -228,9 +228,11 @@ def test_a_signal_while_a_rung_still_imports_torch_ends_it_quietly(signum):
     # rank killed outright by the signal makes that shell print "Terminated" under the rank's tag.
     # The rank must catch it from its first moment, before torch is loaded, and end with the
     # shell's status and no line at all.
+    # The signal at its default, as a launcher leaves it: under `nohup` SIGHUP is ignored, and a rank
+    # rightly leaves an ignored SIGHUP alone (scaledl.signals).
     shell = subprocess.Popen(["sh", "-c", f"cd . ; {sys.executable} -m scaledl.ladder.single_torch "
                               "--epochs 1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=clean_env(1))
+                             env=clean_env(1), preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))
     deadline, rank = time.monotonic() + 60, None
     while time.monotonic() < deadline and not (rank and catches(rank.pid, signum)):
         children = psutil.Process(shell.pid).children()

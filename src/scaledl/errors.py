@@ -114,9 +114,12 @@ def as_user_error(error: Exception) -> UserError | None:
         return UserError("--backend nccl needs CUDA GPUs and this host has none: leave out --backend, or use gloo")
     if in_init and re.search(r"invalid backend|unknown backend type", text, re.IGNORECASE):
         return UserError(f"PyTorch does not know this backend ({_first_line(error)}): leave out --backend, or use gloo")
-    # NCCL's init.cc refuses two ranks of one node on one GPU (ncclInvalidUsage): "Duplicate GPU detected : rank 1
-    # and rank 0 both on CUDA device ..." up to 2.29, "Multiple Ranks are using the same GPU/Partition" from 2.30.
-    shared = re.search(r"Duplicate GPU detected\s*:\s*([^\n]*)|Multiple Ranks are using the same GPU", text)
+    # NCCL refuses two ranks of one node on one GPU (ncclInvalidUsage), in words that changed: "Duplicate GPU
+    # detected : rank 1 and rank 0 both on CUDA device ..." up to 2.29 (src/init.cc), "Multiple ranks detected using
+    # the same GPU on this node" in 2.30.3-2.30.4 (src/graph/topo.cc), "Multiple Ranks are using the same
+    # GPU/Partition" from 2.30.7 (src/init.cc).
+    shared = re.search(r"Duplicate GPU detected\s*:\s*([^\n]*)|Multiple ranks[^\n]*?using the same GPU", text,
+                       re.IGNORECASE)
     if shared:
         return UserError(f"two ranks share one GPU ({(shared.group(1) or shared.group(0)).strip()}), and "
                          "NCCL needs one GPU per rank: start at most as many ranks on a node as it has GPUs "

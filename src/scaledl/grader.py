@@ -1222,28 +1222,28 @@ def check_fsdp_reshard(reports_by_rank: list) -> bool:
 
 # ----------------------------------------------------------------------------- lesson 0
 
-def check_binding_launch(placements: list, node_cores: int = 8) -> bool:
+def check_binding_launch(placements: list, min_cpus: int = 8) -> bool:
     """A launch the learner wrote (`scaledl.binding.plan` of it on a node's sysfs tree): every rank
-    local to its GPU, on CPUs of its own, and at least the `node_cores` cores of a NUMA node each
-    (one core per rank is local too, but starves the data loader and the host side)."""
+    local to its GPU, on CPUs of its own, and at least `min_cpus` CPUs (hardware threads) each: one
+    CPU per rank is local too, but starves the data loader and the host side.  The sysfs copy holds
+    no core siblings, so CPUs are counted, not cores."""
     if not placements:
         return _unfinished("CPU_BIND")
     for p in placements:
         if p.verdict != "local":
             return _verdict(False, f"local rank {p.local_rank}: CPUs {format_cpus(p.cpus)} on NUMA node "
                                    f"{','.join(map(str, p.cpu_nodes))}, its GPU on NUMA node {p.gpu_node} "
-                                   f"({p.verdict}): give it CPUs of NUMA node {p.gpu_node} only "
-                                   f"({format_cpus(p.node_cpus)})")
+                                   f"({p.verdict}): give it CPUs of NUMA node {p.gpu_node} only (the table above "
+                                   "lists them)")
     for p, q in ((p, q) for i, p in enumerate(placements) for q in placements[i + 1:]):
         if p.cpus & q.cpus:
             return _verdict(False, f"local ranks {p.local_rank} and {q.local_rank} share CPUs "
                                    f"{format_cpus(p.cpus & q.cpus)}: give each rank CPUs of its own")
     for p in placements:
-        cores = len(p.cpus)
-        if cores < node_cores:
-            return _verdict(False, f"local rank {p.local_rank} has {cores} CPU{'s' * (cores != 1)}, local but few: "
-                                   f"its NUMA node has {node_cores} cores ({format_cpus(p.node_cpus)} with their "
-                                   "second hardware threads); give it at least the cores")
+        cpus = len(p.cpus)
+        if cpus < min_cpus:
+            return _verdict(False, f"local rank {p.local_rank} has {cpus} CPU{'s' * (cpus != 1)}, local but few: "
+                                   f"give it at least {min_cpus} of its NUMA node's {len(p.node_cpus)}")
     shown = "; ".join(f"rank {p.local_rank}: CPUs {format_cpus(p.cpus)}, GPU on NUMA {p.gpu_node}" for p in placements)
     return _verdict(True, f"every rank on its GPU's NUMA node, with CPUs of its own ({shown})")
 
