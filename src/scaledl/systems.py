@@ -22,6 +22,9 @@ POLARIS_NCCL_DOCS = "ALCF user guide, Polaris > Data Science > NCCL (docs.alcf.a
 AURORA_CCL_DOCS = "ALCF user guide, Aurora > Data Science > oneCCL (docs.alcf.anl.gov/aurora)"
 AURORA_JOBS_DOCS = "https://docs.alcf.anl.gov/aurora/running-jobs-aurora"
 AURORA_PYTORCH_DOCS = "https://docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch"
+# Not on ALCF's oneCCL page: set by common Aurora job scripts ("Required by Aurora mpich"); ALCF's PyTorch
+# example passes `mpiexec --pmi=pmix` for the first instead.
+AURORA_SCRIPTS = "not on ALCF's oneCCL page: common Aurora job scripts set it"
 CUDA_ENV_DOCS = "CUDA Programming Guide, CUDA Environment Variables (docs.nvidia.com/cuda)"
 
 
@@ -110,8 +113,8 @@ def preset_value(preset: Preset, env: Mapping[str, str]) -> str:
 
 AURORA_COMM_ENV = (
     Preset("CCL_PROCESS_LAUNCHER", "pmix", "oneCCL learns ranks from PALS through PMIx", AURORA_CCL_DOCS),
-    Preset("PALS_PMI", "pmix", "make PALS mpiexec serve PMIx, which CCL_PROCESS_LAUNCHER=pmix needs",
-           AURORA_CCL_DOCS),
+    Preset("PALS_PMI", "pmix", "make PALS mpiexec serve PMIx, which CCL_PROCESS_LAUNCHER=pmix needs (ALCF's "
+           "PyTorch page passes mpiexec --pmi=pmix instead)", AURORA_SCRIPTS),
     Preset("CCL_ATL_TRANSPORT", "mpi", "oneCCL moves data between nodes over Aurora's MPICH", AURORA_CCL_DOCS),
     Preset("CCL_KVS_MODE", "mpi",
            "oneCCL exchanges addresses over MPI instead of a TCP key-value store; MPI must be initialized "
@@ -126,7 +129,7 @@ AURORA_COMM_ENV = (
     Preset("ZE_ENABLE_PCI_ID_DEVICE_ORDER", "1",
            "number GPUs in PCI order, so xpu:<r> is the same tile on every node, next to the cores its "
            "--cpu-bind list gives", AURORA_JOBS_DOCS),
-    Preset("FI_PROVIDER", "cxi", "libfabric's Slingshot provider", AURORA_CCL_DOCS),
+    Preset("FI_PROVIDER", "cxi", "libfabric's Slingshot provider (fi_cxi(7))", AURORA_SCRIPTS),
     Preset("FI_CXI_DEFAULT_CQ_SIZE", "1048576", "a completion queue large enough for 12 ranks a node",
            AURORA_CCL_DOCS),
     Preset("FI_CXI_RX_MATCH_MODE", "hybrid", "fall back to software matching instead of failing when "
