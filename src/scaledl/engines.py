@@ -47,14 +47,21 @@ class EnginePlan:
     note: str = ""  # why the ranks run where they do, when it is not one per GPU
 
 
+def node_accelerators() -> tuple[str | None, int]:
+    """This node's accelerator kind and count: ("cuda", 4), ("xpu", 12) on Aurora (each tile is one
+    device), (None, 0) without any or without torch."""
+    from scaledl import devices
+
+    try:
+        kind = devices.accelerator()
+    except ImportError:  # no torch
+        return None, 0
+    return kind, devices.device_count() if kind else 0
+
+
 def accelerator_count() -> int:
     """GPUs on this node (XPU devices on Aurora: each tile is one), 0 without any or without torch."""
-    try:
-        from scaledl import devices
-
-        return devices.device_count()
-    except ImportError:  # no torch
-        return 0
+    return node_accelerators()[1]
 
 
 def default_world_size(accelerators: int | None = None) -> int:
@@ -87,12 +94,7 @@ def plan(world_size: int | None = None, system: str | None = None, env: Mapping[
     for the system detected from `env` (PBS, Slurm, host names) or named (local, polaris, aurora,
     slurm).  `accelerators`: this node's (kind, count), found when not given."""
     env = dict(os.environ if env is None else env)
-    if accelerators is None:
-        count = accelerator_count()
-        if count:
-            from scaledl import devices  # torch is there: it found the devices
-
-        accelerators = (devices.accelerator() if count else None, count)
+    accelerators = node_accelerators() if accelerators is None else accelerators
     world_size = default_world_size(accelerators[1]) if world_size is None else world_size
     if not isinstance(world_size, int) or world_size < 1:
         raise LaunchError(f"WORLD_SIZE must be a whole number of ranks, at least 1, got {world_size!r}")

@@ -1227,6 +1227,8 @@ def check_binding_launch(placements: list, min_cpus: int = 8) -> bool:
     local to its GPU, on CPUs of its own, and at least `min_cpus` CPUs (hardware threads) each: one
     CPU per rank is local too, but starves the data loader and the host side.  The sysfs copy holds
     no core siblings, so CPUs are counted, not cores."""
+    from scaledl.binding import format_cpulist as format_cpus
+
     if not placements:
         return _unfinished("CPU_BIND")
     for p in placements:
@@ -1246,12 +1248,6 @@ def check_binding_launch(placements: list, min_cpus: int = 8) -> bool:
                                    f"give it at least {min_cpus} of its NUMA node's {len(p.node_cpus)}")
     shown = "; ".join(f"rank {p.local_rank}: CPUs {format_cpus(p.cpus)}, GPU on NUMA {p.gpu_node}" for p in placements)
     return _verdict(True, f"every rank on its GPU's NUMA node, with CPUs of its own ({shown})")
-
-
-def format_cpus(cpus) -> str:
-    from scaledl import binding
-
-    return binding.format_cpulist(cpus)
 
 
 def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> bool:

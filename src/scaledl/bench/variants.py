@@ -114,10 +114,10 @@ def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_n
     return model.to(device), x, y
 
 
-def _sgd(model):
+def _sgd(model, **options):
     import torch
 
-    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **options)
 
 
 def _torch_step(model, optimizer, x, y) -> Callable[[], None]:
@@ -225,7 +225,8 @@ def _tensor_parallel(name, micro_batch_size, bucket_cap_mb, seed, model_name) ->
     num_params = _count(model)
     mesh = init_device_mesh(dist.device.type, (dist.world_size,), mesh_dim_names=("tp",))
     model = tensor_parallel.wrap(model, dist.device, mesh)
-    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(model, _sgd(model), x, y), num_params,
+    optimizer = _sgd(model, foreach=False)  # as the rung: a GPU's foreach refuses DTensors mixed with plain tensors
+    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(model, optimizer, x, y), num_params,
                    (x, y))
 
 
