@@ -57,7 +57,10 @@ def test_a_rung_refuses_the_flags_it_does_not_honour(name, flag):
 
 
 @pytest.mark.slow
-def test_single_tf_resume_is_refused_and_the_run_kept(tmp_path):
+def test_single_tf_resume_is_refused_and_the_run_kept(tmp_path, monkeypatch):
+    # Run as a learner would, `python -m` in a plain shell: TensorFlow's start-up lines must not
+    # come before the one error line.
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     first = rung("single_tf", *QUICK, "--out-dir", str(tmp_path))
     assert first.returncode == 0, first.stderr[-2000:]
     before = snapshot(tmp_path)

@@ -181,7 +181,7 @@ def test_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_from
         assert time.monotonic() < deadline, f"job {job_id} never requeued: {requeued}"
         time.sleep(1)
     # Slurm holds a requeued job (Reason=BeginTime) until its old job credential has expired (cred_expire,
-    # 30 s in tools/slurm_cluster.sh); started earlier, slurmd refuses it ("Job credential revoked").
+    # 10 s in tools/slurm_cluster.sh); started earlier, slurmd refuses it ("Job credential revoked").
     metrics = tmp_path / "runs/ddp/1nodes/metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (len(logged_steps(metrics)) == 2 and logged_steps(metrics)[1]):

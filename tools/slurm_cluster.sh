@@ -44,8 +44,9 @@ SlurmctldPort=$ctld_port
 SlurmdPort=$((ctld_port + 1))
 AuthType=auth/munge
 # cred_expire: a requeued job waits out its old credential's lifetime before it starts again
-# (slurm.conf(5)); 30 s instead of the default 120 keeps the requeue test short.
-AuthInfo=socket=$dir/munge/munge.socket,cred_expire=30
+# (slurm.conf(5)); 10 s instead of the default 120 keeps the requeue test short (Slurm refuses less than 5:
+# src/common/slurm_cred.c, 22.05).
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root

@@ -295,7 +295,11 @@ def figure(rows: list[dict], measured: list[dict] | None = None, title: str = ""
         ax.plot([], [], "o", color="gray", mec="black", label="measured")
     xs = [row[x_key] for row in rows]
     wide = bool(xs) and max(xs) / max(min(xs), 1) > 8
-    ax.set(xscale="log" if wide else "linear", xlabel=x_key, ylabel="weak-scaling efficiency t(1) / t(N)",
+    xlabel = x_key
+    if x_key == "nodes":  # a node holds several ranks; the efficiency is still against one rank
+        per_node = max(row["ranks"] for row in rows if row["nodes"] == 1)
+        xlabel = f"nodes ({per_node} ranks each); efficiency against 1 rank"
+    ax.set(xscale="log" if wide else "linear", xlabel=xlabel, ylabel="weak-scaling efficiency t(1) / t(N)",
            ylim=(0, 1.05), title=title or "predicted (lines) and measured (points)")
     if xs:  # the counts themselves as ticks, written as whole numbers (not 10^0, 2x10^0)
         from matplotlib.ticker import NullFormatter, ScalarFormatter
@@ -329,8 +333,10 @@ def half_link_from_fit(fit: dict, ranks: int, source: str = "", overlaps: bool =
 
 
 def predict(step_s: float, num_params: int, system: str | System = "polaris", measured: list[dict] | None = None,
-            **options):
-    """What a lesson calls: (rows, figure) for a measured single-device step and a model size."""
+            step_label: str | None = None, **options):
+    """What a lesson calls: (rows, figure) for a single-device step and a model size.  `step_label`
+    says where the step came from when it was not measured ("assumed", "from flops"): the title says it."""
     chosen = SYSTEMS[system] if isinstance(system, str) else system
     rows = table(step_s, num_params, chosen, **options)
-    return rows, figure(rows, measured, f"{chosen.name}: step {step_s * 1e3:.3g} ms, {num_params:,} parameters")
+    step = f"step {step_s * 1e3:.3g} ms" + (f" ({step_label})" if step_label else "")
+    return rows, figure(rows, measured, f"{chosen.name}: {step}, {num_params:,} parameters")

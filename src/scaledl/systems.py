@@ -70,7 +70,8 @@ POLARIS_COMM_ENV = (
            f"it ({NCCL_ENV_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_CXI_DISABLE_HOST_REGISTER", "1",
            f"the Slingshot provider does not register its own host buffers with the GPU: with many processes per "
-           f"GPU that reaches the page-locked memory limit or deadlocks ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
+           f"GPU that page-locks so much memory that it slows the node or limits the process count ({FI_CXI_DOCS})",
+           POLARIS_NCCL_DOCS),
     Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
            f"how libfabric's registration cache learns that host memory was freed or remapped: the kernel's "
            f"userfaultfd instead of intercepting the allocator's calls ({FI_MR_DOCS})", POLARIS_NCCL_DOCS),
@@ -134,8 +135,10 @@ AURORA_COMM_ENV = (
            AURORA_CCL_DOCS),
     Preset("FI_CXI_RX_MATCH_MODE", "hybrid", "fall back to software matching instead of failing when "
            "hardware receive slots run out", AURORA_CCL_DOCS),
-    Preset("FI_MR_CACHE_MONITOR", "disabled", "no memory-registration cache: avoids stale GPU registrations",
-           AURORA_CCL_DOCS),
+    Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
+           f"how libfabric's registration cache learns that host memory was freed or remapped: the kernel's "
+           f"userfaultfd ({FI_MR_DOCS}); in ALCF's minimal set, 'essential for functionality' (its optional list "
+           f"tries 'disabled', no cache at all)", AURORA_CCL_DOCS),
 )
 
 SYSTEMS = {

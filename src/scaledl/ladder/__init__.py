@@ -7,9 +7,14 @@ the flags that make the row (ZeRO's stages are one module with different flags).
 import sys
 
 if sys.argv[:1] == ["-m"]:  # Python says "-m" here while it imports the package of `python -m scaledl.ladder.<rung>`
+    import os
+
     from scaledl import signals
 
     signals.until_installed()  # a launcher's SIGTERM during the seconds torch takes to import ends the rank quietly
+    # TensorFlow's C++ start-up lines (INFO and WARNING: oneDNN, CUDA drivers absent) before the rung's own, as
+    # the launchers already set it for every rank (scaledl.launchers.local_env); its errors still print.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 RUNGS = {
     "single_torch": ("single_torch", "python", []),
