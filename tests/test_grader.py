@@ -1129,6 +1129,28 @@ def polaris_ranks(ranks: int, cpu_bind: str, depth: int = 16):
     return binding.plan(command, {}, "cuda", ranks, root)
 
 
+def test_binding_verdicts_check(capsys):
+    # rank 0 on NUMA nodes 0-1 with GPU 3 (node 0), rank 1 on 2-3 with GPU 2 (node 1)
+    depth_16 = polaris_ranks(2, "depth")
+    assert grader.check_binding_verdicts({0: "split", 1: "far"}, depth_16)
+    assert "local rank 1: far" in verdict(capsys)
+    # Unusual but right: digit strings for the ranks, capitals and spaces in the words.
+    assert grader.check_binding_verdicts({"0": " Split", "1": "FAR"}, depth_16)
+    verdict(capsys)
+    # The first guess (depth binding keeps each rank by its GPU), the two swapped, the same for both.
+    fails(capsys, grader.check_binding_verdicts({0: "local", 1: "local"}, depth_16), "local rank 0 is not local",
+          "NUMA nodes")
+    fails(capsys, grader.check_binding_verdicts({0: "far", 1: "split"}, depth_16), "local rank 0 is not far")
+    fails(capsys, grader.check_binding_verdicts({0: "split", 1: "split"}, depth_16), "local rank 1 is not split")
+    fails(capsys, grader.check_binding_verdicts({0: "split"}, depth_16), "1 missing")
+    fails(capsys, grader.check_binding_verdicts({0: "half", 1: "far"}, depth_16), "'half' is not a verdict")
+    fails(capsys, grader.check_binding_verdicts(["split", "far"], depth_16), "is a dict")
+    fails(capsys, grader.check_binding_verdicts({}, depth_16), "`VERDICTS` is not set")
+    # ALCF's own --depth 8 on 2 ranks: both local, and a verdict of "split" is then wrong.
+    assert grader.check_binding_verdicts({0: "local", 1: "local"}, polaris_ranks(2, "depth", depth=8))
+    verdict(capsys)
+
+
 def test_binding_launch_check(capsys):
     assert grader.check_binding_launch(polaris_ranks(2, "list:0-7:8-15"))
     assert "rank 1: CPUs 8-15" in verdict(capsys)

@@ -1250,6 +1250,33 @@ def check_binding_launch(placements: list, min_cpus: int = 8) -> bool:
     return _verdict(True, f"every rank on its GPU's NUMA node, with CPUs of its own ({shown})")
 
 
+def check_binding_verdicts(verdicts, placements: list) -> bool:
+    """`verdicts[local_rank]` is "local", "split" or "far" for a launch whose ranks land as
+    `placements` (`scaledl.binding.plan`): the learner reads it off the node's table before the
+    launch's own printout shows it.  Local ranks as ints or digit strings; the words in any case."""
+    words = ("local", "split", "far")
+    if not verdicts:
+        return _unfinished("VERDICTS")
+    if not isinstance(verdicts, dict):
+        return _verdict(False, "`VERDICTS` is a dict: {local rank: 'local', 'split' or 'far'}")
+    given = {}
+    for key, value in verdicts.items():
+        rank = int(key) if isinstance(key, int) or (isinstance(key, str) and key.strip().isdigit()) else key
+        given[rank] = value.strip().lower() if isinstance(value, str) else value
+    missing = [p.local_rank for p in placements if p.local_rank not in given]
+    if missing:
+        return _verdict(False, f"give a verdict for every local rank: {', '.join(map(str, missing))} missing")
+    for rank, word in given.items():
+        if word not in words:
+            return _verdict(False, f"local rank {rank}: {word!r} is not a verdict; say 'local', 'split' or 'far'")
+    for p in placements:
+        if given[p.local_rank] != p.verdict:
+            return _verdict(False, f"local rank {p.local_rank} is not {given[p.local_rank]}: list the NUMA nodes "
+                                   "its cores span under --depth 16 (the table above gives 8 cores to a NUMA node), "
+                                   "and compare them with its GPU's")
+    return _verdict(True, "; ".join(f"local rank {p.local_rank}: {p.verdict}" for p in placements))
+
+
 def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> bool:
     """`prediction[local_rank] = (GPU, NUMA node of that GPU)` for a launch whose ranks land as
     `placements` (`scaledl.binding.plan` on a node's sysfs tree); GPU as its number in PCI order
