@@ -33,19 +33,6 @@ def test_zero_volumes_as_deepspeed_runs_them():
         assert predict.exposed_comm_s(stage, 1e6, 4, LINK, 0.0) == pytest.approx(3 * 7.8e-4)
 
 
-def test_fsdp2_pays_its_copies_around_each_gather_on_more_than_one_rank():
-    # 1 MB on 4 ranks, gathered for forward and again for backward: each gather copies the shard in
-    # (1/4 MB) and the whole out (1 MB), 2.5 MB in all, at 1e9 B/s: 2.5 ms on top of the collectives.
-    collectives = predict.exposed_comm_s("fsdp2", 1e6, 4, LINK, 0.0)
-    assert predict.exposed_comm_s("fsdp2", 1e6, 4, LINK, 0.0, copy_Bps=1e9) == pytest.approx(collectives + 2.5e-3)
-    # half the parameters gathered again for backward: 1.5 x 1.25 MB
-    assert predict.exposed_comm_s("fsdp2", 1e6, 4, LINK, 0.0, regathered=0.5, copy_Bps=1e9) == pytest.approx(
-        predict.exposed_comm_s("fsdp2", 1e6, 4, LINK, 0.0, regathered=0.5) + 1.875e-3)
-    # one rank gathers nothing, and DeepSpeed's stage 3 is not FSDP2's copy path
-    assert predict.exposed_comm_s("fsdp2", 1e6, 1, LINK, 0.0, copy_Bps=1e9) == 0.0
-    assert predict.exposed_comm_s("zero3", 1e6, 4, LINK, 0.0, copy_Bps=1e9) == pytest.approx(3 * 7.8e-4)
-
-
 def test_zero3_gathers_per_unit_pay_the_latency_per_unit():
     # 4 units: the same bytes, 4 latencies per pass: 7.8e-4 + 2 * 4 * (3 alpha + 3/4 * 2.5e5 / 1e9).
     assert predict.exposed_comm_s("zero3", 1e6, 4, LINK, 0.0, gathers=4) == pytest.approx(7.8e-4 + 8 * 2.175e-4)

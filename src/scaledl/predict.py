@@ -50,9 +50,11 @@ The model (each formula below cites where it comes from):
 What the model leaves out: compute slowed by communication sharing its memory, stragglers (unless
 the single-device step given is the slowest of N copies run side by side, as `scaledl bench predict`
 measures it; even then it counts one wait for the slower rank per step, while ZeRO-3 and FSDP2 wait
-at each of their per-unit collectives), FSDP2's copies into and out of its all-gather buffers unless
-given their bandwidth (`copy_Bps`; it skips the all-gather on one rank: `if world_size == 1` in
-torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, torch 2.13; the single-device step holds none),
+at each of their per-unit collectives), FSDP2's copy of each rank's shard into the all-gather's input (1/N
+of the bytes per gather; on one rank FSDP2 skips the all-gather but still copies every parameter into its
+unsharded buffer, and copies the whole gradient where N ranks reduce-scatter it: `if world_size == 1` in
+torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py and `foreach_reduce` in _fsdp_collectives.py,
+torch 2.13, so the single-device step holds the other copies),
 framework work per step (measured at world size 1, so it is in the single-device step), and
 collectives other than ring (trees, NVLink SHARP).  Weak scaling: the micro batch per rank is fixed.
 """
@@ -196,7 +198,7 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
                    bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
                    cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1, gather_link: Link | None = None,
                    scatter_link: Link | None = None, gathered: float = 1.0, regathers: int | None = None,
-                   regathered: float | None = None, persistent: float = 0.0, copy_Bps: float | None = None) -> float:
+                   regathered: float | None = None, persistent: float = 0.0) -> float:
     """Seconds per step that communication adds to the single-device step, for one strategy.
 
     `gather_link`, `scatter_link`: the sharded strategies' all-gather and reduce-scatter read from
@@ -205,14 +207,7 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
     long as the whole all-reduce's 13.9); else `link`.  ZeRO-3 and FSDP2 gather `gathered` of the
     parameter bytes in `gathers` units for forward, and `regathered` of them in `regathers` units for
     backward (by default all of them again, as the paper counts it), and `persistent` of them in one
-    collective after the optimizer step (`deepspeed_zero3_gathers` gives DeepSpeed's own).
-
-    `copy_Bps` (FSDP2 only): the bytes per second a copy writes in this device's memory.  Around each
-    all-gather FSDP2 copies the rank's shard into the collective's input and the gathered output into
-    the parameters (`all_gather_copy_in`, `foreach_all_gather_copy_out` -> `split_with_sizes_copy`,
-    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch 2.13): 1/N + 1 of the bytes per
-    gather, work that one rank skips with its all-gather.  None leaves them out (on a GPU they move at
-    the memory's bandwidth, a small share of the step)."""
+    collective after the optimizer step (`deepspeed_zero3_gathers` gives DeepSpeed's own)."""
     if strategy in ("ddp", "ddp_no_overlap"):
         return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s,
                           strategy == "ddp" and link.overlaps)
@@ -225,10 +220,7 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
         regathers = gathers if regathers is None else regathers
         regathered = gathered if regathered is None else regathered
         passes = [(gathers, gathered), (regathers, regathered), (1, persistent)]
-        copies = 0.0
-        if strategy == "fsdp2" and copy_Bps and ranks > 1:
-            copies = (gathered + regathered) * grad_bytes * (1 / ranks + 1) / copy_Bps
-        return (reduce_scatter_s(grad_bytes, ranks, scatter_link or link) + copies
+        return (reduce_scatter_s(grad_bytes, ranks, scatter_link or link)
                 + sum(units * all_gather_s(share * grad_bytes / units, ranks, gather_link or link)
                       for units, share in passes if units > 0 and share > 0))
     raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")

@@ -68,28 +68,6 @@ def fit_links(options: Options, ranks: int) -> tuple[predict.Link, dict, dict]:
     return link, sharded, fits
 
 
-def copy_bandwidth(threads: int, nbytes: int = 16 * 2**20, repeats: int = 20) -> float:
-    """Bytes per second one `copy_` writes here, median of `repeats` (the FSDP2 variant's copies around
-    its all-gathers, `predict.exposed_comm_s(copy_Bps=...)`), on idle cores as the links are measured."""
-    import time
-
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        source = torch.ones(nbytes // 4)
-        target = torch.empty_like(source)
-        laps = []
-        for _ in range(repeats + 2):
-            start = time.perf_counter()
-            target.copy_(source)
-            laps.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(previous)
-    return nbytes / stats.summary(laps[2:])["median"]
-
-
 def measure(setting: dict, ranks: int, options: Options, index: int, copies: int = 1) -> dict:
     launcher = launcher_for(setting["variant"], options.quick) if ranks > 1 else "python"
     args = ["--variant", setting["variant"], "--model", setting["model"], "--steps", options.pick(20, 30),
@@ -129,7 +107,6 @@ def label(setting: dict) -> str:
 def run(options: Options) -> dict:
     ranks = max(2, options.ranks)
     link, sharded, fits = fit_links(options, ranks)
-    copy_Bps = copy_bandwidth(options.threads)
     rows = []
     for index, setting in enumerate(settings(options.quick)):
         knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
@@ -137,8 +114,6 @@ def run(options: Options) -> dict:
             knobs.update(sharded)
         if setting["variant"] in ("zero3", "fsdp"):
             knobs.update(gather_knobs(setting["model"], setting["variant"]))
-        if setting["variant"] == "fsdp":
-            knobs["copy_Bps"] = copy_Bps
         strategy = STRATEGY[setting["variant"]]
         pairs = []
         # 1 rank, then N ranks, back to back, so that each pair runs under the same load; full mode
@@ -183,13 +158,12 @@ def run(options: Options) -> dict:
                          "pairs (1-rank copies, then N ranks), the row showing the pair of median ratio.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
                          f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit (ZeRO and FSDP2 gather "
-                         "and scatter on their own fits); FSDP2's copies around its all-gathers at "
-                         f"{copy_Bps / 1e9:.3g} GB/s, one copy_ timed here; communication " + (
+                         "and scatter on their own fits); communication " + (
                              "overlaps backward." if link.overlaps
                              else "cannot overlap backward (every core computes).")],
                   # the comm suite's shape too, so `scaledl predict --comm-json predict.json` reads the fit
                   fits={name: {k: rounded(v) for k, v in fit.items()} for name, fit in fits.items()}, ranks=ranks,
-                  median=median, worst=worst, threads=options.threads, copy_Bps=rounded(copy_Bps))
+                  median=median, worst=worst, threads=options.threads)
 
 
 def plot(data: dict, fig) -> None:
