@@ -133,12 +133,9 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     cluster.config.MPILauncher.mpi_args = how.mpi_args
     if how.system == "slurm":
         cluster.config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-c", SLURM_ENGINE]
-    # start_and_connect would wait with a progress bar, which a notebook stores as a widget frozen at
-    # "0/N engines": wait without it (wait_for_engines' interactive=False); the "ranks up" line says it.
-    cluster.start_cluster_sync()
-    client = cluster.connect_client_sync()
+    client = cluster.start_and_connect_sync()
     try:
-        client.wait_for_engines(how.world_size, timeout=timeout_s, interactive=False)
+        client.wait_for_engines(how.world_size, timeout=timeout_s)
     except Exception:
         cluster.stop_cluster_sync()
         raise
