@@ -52,6 +52,9 @@ class System:
 NCCL_ENV_DOCS = "NCCL's Environment Variables, docs.nvidia.com/deeplearning/nccl"
 FI_CXI_DOCS = "libfabric's fi_cxi(7)"
 FI_MR_DOCS = "libfabric's fi_mr(3), its memory registration cache"
+# FI_MR_CACHE_MONITOR=userfaultfd on both systems: what it does, said once.
+USERFAULTFD = ("how libfabric's registration cache learns that host memory was freed or remapped: the kernel's "
+               "userfaultfd")
 POLARIS_COMM_ENV = (
     Preset("CUDA_DEVICE_ORDER", "PCI_BUS_ID",
            "not ALCF's list but CUDA's own: CUDA numbers the GPUs in PCI order, as nvidia-smi and ALCF's affinity "
@@ -73,8 +76,7 @@ POLARIS_COMM_ENV = (
            f"GPU that page-locks so much memory that it slows the node or limits the process count ({FI_CXI_DOCS})",
            POLARIS_NCCL_DOCS),
     Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
-           f"how libfabric's registration cache learns that host memory was freed or remapped: the kernel's "
-           f"userfaultfd instead of intercepting the allocator's calls ({FI_MR_DOCS})", POLARIS_NCCL_DOCS),
+           f"{USERFAULTFD} instead of intercepting the allocator's calls ({FI_MR_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_CXI_DEFAULT_CQ_SIZE", "131072",
            f"a completion queue larger than the provider's default, so many operations in flight do not overrun "
            f"it ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
@@ -136,8 +138,7 @@ AURORA_COMM_ENV = (
     Preset("FI_CXI_RX_MATCH_MODE", "hybrid", "fall back to software matching instead of failing when "
            "hardware receive slots run out", AURORA_CCL_DOCS),
     Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
-           f"how libfabric's registration cache learns that host memory was freed or remapped: the kernel's "
-           f"userfaultfd ({FI_MR_DOCS}); in ALCF's minimal set, 'essential for functionality' (its optional list "
+           f"{USERFAULTFD} ({FI_MR_DOCS}); in ALCF's minimal set, 'essential for functionality' (its optional list "
            f"tries 'disabled', no cache at all)", AURORA_CCL_DOCS),
 )
 
