@@ -79,3 +79,21 @@ def test_more_ranks_than_a_polaris_node_has_gpus(tmp_path):
     nodefile.write_text("x3005c0s13b0n0\n")
     with pytest.raises(launch_env.LaunchError, match="more than the 4 GPUs"):
         engines.plan(8, env={"PBS_NODEFILE": str(nodefile), "PBS_JOBID": "1.polaris-pbs-01"})
+
+
+@pytest.mark.parametrize("accelerators, nproc, largest, base, hidden, ds", [
+    (("cuda", 1), 2, None, {}, True, "cpu"),          # 2 ranks, 1 GPU: both on the CPU
+    (("cuda", 1), 1, None, {}, False, "cuda"),        # 1 rank keeps the GPU ...
+    (("cuda", 1), 1, 2, {}, True, "cpu"),             # ... unless a 2-rank run it is compared with cannot
+    (("cuda", 4), 4, 4, {}, False, "cuda"),
+    (("cuda", 4), 1, None, {"CUDA_VISIBLE_DEVICES": ""}, True, "cpu"),   # a notebook whose engines hid the GPUs
+    (("cuda", 4), 2, None, {"CUDA_VISIBLE_DEVICES": "0", "DS_ACCELERATOR": "cuda"}, True, "cpu"),
+    (("xpu", 12), 12, None, {}, False, "xpu"),
+    ((None, 0), 2, None, {}, False, "cpu"),
+])
+def test_local_ranks_that_outnumber_the_gpus_run_on_the_cpu(accelerators, nproc, largest, base, hidden, ds):
+    """What a lesson's own torchrun/deepspeed runs get: NCCL refuses two ranks on one GPU, and
+    DeepSpeed's launcher refuses DS_ACCELERATOR=cuda with no GPU visible."""
+    env = launchers.local_env(nproc, base, largest=largest, accelerators=accelerators)
+    assert (env.get("CUDA_VISIBLE_DEVICES") == "") == hidden
+    assert env["DS_ACCELERATOR"] == ds

@@ -175,3 +175,18 @@ def test_deepspeed_where_each_rank_sees_only_its_own_gpu(stage):
     result = run([sys.executable, str(probe), str(stage)], timeout=600, nproc=1, env={"CUDA_VISIBLE_DEVICES": "0"})
     [found] = reports(result.stdout)
     assert found["engine_device"] == "cuda:0" and found["local_rank"] == "0" and found["steps"] == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_deepspeed_ranks_that_outnumber_the_gpus_train_on_the_cpu(tmp_path):
+    """One rank more than the node's GPUs (lesson 8's 2 ranks on a 1-GPU node): `local_env` hides the
+    GPUs and says DS_ACCELERATOR=cpu, DeepSpeed's launcher shows them again (its CPU accelerator sets
+    CUDA_VISIBLE_DEVICES to the local slots), and the rung must still follow DeepSpeed onto the CPU.
+    Before the fix it failed with "No backend type associated with device type cpu" (NCCL's group,
+    DeepSpeed's CPU model)."""
+    world_size = GPUS + 1
+    command = launchers.deepspeed(world_size, "scaledl.ladder.deepspeed",
+                                  ["--epochs", "1", "--train-limit", "512", "--out-dir", str(tmp_path)])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=launchers.local_env(world_size))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"on {world_size} ranks, cpu" in result.stdout, result.stdout[-2000:]

@@ -11,6 +11,7 @@ stays light.
 """
 from __future__ import annotations
 
+import os
 import socket
 
 from scaledl.launch_env import LaunchError
@@ -60,6 +61,12 @@ def pick_device(name: str | None = None, local_rank: int = 0):
             device = torch.device(device.type, local_rank % getattr(torch, device.type).device_count())
         return device
     kind = accelerator()
+    if kind and os.environ.get("DS_ACCELERATOR") == "cpu":
+        # DeepSpeed told to run on the CPU puts the model there, yet its launcher shows each rank
+        # the GPUs again: its CPU accelerator names CUDA_VISIBLE_DEVICES as its own and sets it to
+        # the local slots (visible_devices_envs in accelerator/cpu_accelerator.py, used by
+        # launcher/launch.py; DeepSpeed 0.19.8).  Follow DeepSpeed, not the mask.
+        kind = None
     if kind:
         return torch.device(kind, local_rank % getattr(torch, kind).device_count())
     if torch.backends.mps.is_available():

@@ -23,8 +23,17 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = 15.0  # after forwarding a signal, how long the launcher gets before its group is killed
 
 
-def local_env(nproc: int, base: dict | None = None) -> dict:
-    """The environment for N local ranks: one share of the cores each, MPI allowed to run here."""
+def local_env(nproc: int, base: dict | None = None, largest: int | None = None,
+              accelerators: tuple[str | None, int] | None = None) -> dict:
+    """The environment for N local ranks: one share of the cores each, MPI allowed to run here.
+
+    Where this node's GPUs cannot give each rank its own (NCCL refuses two ranks on one GPU), the
+    ranks run on the CPU: an empty CUDA_VISIBLE_DEVICES, and DS_ACCELERATOR=cpu so that DeepSpeed's
+    launcher does not look for GPUs.  `largest`: the largest world size of runs that are compared
+    with this one (a scaling sweep); where that one must go to the CPU, so does this, so that
+    1 rank and N ranks train on the same kind of device.  `accelerators`: this node's (kind,
+    count), found when not given.
+    """
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -33,19 +42,33 @@ def local_env(nproc: int, base: dict | None = None) -> dict:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     if nproc > (os.cpu_count() or 1):
         env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    env.setdefault("DS_ACCELERATOR", _deepspeed_accelerator())
+    kind, count = visible_accelerators(env, accelerators)
+    if kind == "cuda" and max(nproc, largest or 0) > count:
+        env["CUDA_VISIBLE_DEVICES"], env["DS_ACCELERATOR"] = "", "cpu"
+    env.setdefault("DS_ACCELERATOR", kind if count else "cpu")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner, once per rank
     return env
 
 
-def _deepspeed_accelerator() -> str:
-    """DeepSpeed guesses its accelerator; on a machine with no GPU say "cpu" so it need not."""
-    try:
-        from scaledl import devices
+def visible_accelerators(env: dict, accelerators: tuple[str | None, int] | None = None) -> tuple[str | None, int]:
+    """The accelerator kind and count that processes started with `env` see.
 
-        return devices.accelerator() or "cpu"
-    except ImportError:  # no torch
-        return "cpu"
+    torch counts the GPUs once per process, so a notebook whose engines were moved to the CPU (an
+    empty CUDA_VISIBLE_DEVICES in its os.environ) still counts them: read the mask here too.
+    """
+    if accelerators is None:
+        try:
+            from scaledl import devices
+
+            kind = devices.accelerator()
+            accelerators = kind, devices.device_count() if kind else 0
+        except ImportError:  # no torch
+            accelerators = None, 0
+    kind, count = accelerators
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    if kind == "cuda" and mask is not None:
+        count = min(count, len([entry for entry in mask.split(",") if entry.strip()]))
+    return kind, count
 
 
 def tool(name: str) -> str:
