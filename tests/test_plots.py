@@ -207,6 +207,34 @@ def test_node_binding_shows_polaris_reverse_gpu_order():
     drawn(fig)
 
 
+def test_node_binding_draws_a_split_rank_across_its_numa_nodes_and_labels_each_gpu():
+    """--depth 16 on Polaris: rank 0 spans NUMA nodes 0-1 (split, drawn across both, not on the first
+    only), rank 1 spans 2-3 while its GPU 2 is on NUMA node 1 (far); each GPU names its rank."""
+    from pathlib import Path
+
+    from matplotlib.colors import to_hex
+
+    from scaledl import binding
+
+    root = Path(__file__).parent / "data" / "sysfs" / "polaris"
+    launch = ["mpiexec", "-n", "2", "--ppn", "2", "--depth", "16", "--cpu-bind", "depth", "bash", "-c",
+              'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID)); exec "$@"', "bind", "python", "train.py"]
+    placements = binding.plan(launch, {}, "cuda", 2, root)
+    assert [p.verdict for p in placements] == ["split", "far"]
+    fig = plots.node_binding({"depth 16": placements}, binding.numa_nodes(root), binding.gpu_numa_nodes(root, "cuda"))
+    ax = fig.axes[0]
+    labels = {t.get_text(): t for t in ax.texts}
+    rank0, rank1 = labels["rank 0: CPUs 0-15"], labels["rank 1: CPUs 16-31"]
+    assert rank0.get_position()[0] == pytest.approx(1.0) and rank1.get_position()[0] == pytest.approx(3.0)
+    assert to_hex(rank0.get_bbox_patch().get_facecolor()) != to_hex(rank1.get_bbox_patch().get_facecolor())
+    bars = [line.get_xdata() for line in ax.lines if len(line.get_xdata()) == 2]
+    assert [tuple(round(x, 2) for x in bar) for bar in bars] == [(0.1, 1.9), (2.1, 3.9)]
+    # GPU 3 sits under NUMA node 0 (column 0), GPU 2 under NUMA node 1: each says whose it is.
+    assert labels["rank 0's"].get_position()[0] == pytest.approx(0.5)
+    assert labels["rank 1's"].get_position()[0] == pytest.approx(1.5)
+    drawn(fig)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_data_parallel_step_draws_each_rank_and_one_average(world_size):
     fig = plots.data_parallel_step(world_size)

@@ -401,8 +401,9 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     `panels`: title -> the ranks' `scaledl.binding.Placement`s (one panel each, e.g. two GPU
     mappings of the same launch); `numa_cpus`: NUMA node -> its CPUs; `gpu_nodes`: each GPU's PCI
     address -> its NUMA node, in PCI order (GPU k is the k-th).  A rank sits on its cores' NUMA
-    node; its arrow goes to its GPU, green when the GPU is on that NUMA node (local), red when it
-    is not: that rank's data loader, pinned memory and copies to the GPU cross the chip."""
+    node (a bar under a rank spans the NUMA nodes of a split one); its arrow goes to its GPU, green
+    when the GPU is on that NUMA node (local), orange when only some of its cores are (split), red
+    when none are (far): that rank's data loader, pinned memory and copies to the GPU cross the chip."""
     from matplotlib.patches import FancyArrowPatch
 
     from .binding import format_cpulist
@@ -419,20 +420,37 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
             _box(ax, i + 0.05, 1.55, 0.9, 0.9, f"NUMA node {node}\nCPUs {format_cpulist(numa_cpus[node])}", "#E8EEF7")
         for k, address in enumerate(gpus):
             node = gpu_nodes[address]
-            _box(ax, column[node] + 0.2, 0.05, 0.6, 0.55, f"GPU {k}\n{address}", "#F3E3D3", fontsize=7)
+            _box(ax, column[node] + 0.2, 0.05, 0.6, 0.55, f"GPU {k}\n{address}\n", "#F3E3D3", fontsize=7)
         local = 0
+        colors = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}
         for p in placements:
             if p.gpu is None or not p.cpu_nodes:
                 continue
-            ok = p.verdict == "local"
-            local += ok
-            color = "#55A868" if ok else "#C44E52"
-            x0 = column[p.cpu_nodes[0]] + 0.5
-            ax.text(x0, 1.75, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}", ha="center", va="center",
+            local += p.verdict == "local"
+            color = colors.get(p.verdict, "#8C8C8C")
+            # A rank spans every NUMA node its cores are on (a split rank: two or more).
+            spanned = [column[node] for node in p.cpu_nodes]
+            left, right = min(spanned) + 0.1, max(spanned) + 0.9
+            x0 = (left + right) / 2
+            ax.text(x0, 1.8, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}", ha="center", va="center",
                     fontsize=8, fontweight="bold", color="white", bbox={"boxstyle": "round", "facecolor": color})
+            if len(spanned) > 1:  # a bar under the label across the NUMA nodes the rank spans
+                ax.plot([left, right], [1.64, 1.64], color=color, linewidth=4, solid_capstyle="round")
             x1 = column[gpu_nodes[p.gpu]] + 0.5
-            ax.add_patch(FancyArrowPatch((x0, 1.6), (x1, 0.62), arrowstyle="-|>", mutation_scale=12, linewidth=1.6,
-                                         color=color))
+            if abs(x1 - x0) < 0.3:
+                ax.add_patch(FancyArrowPatch((x0, 1.6), (x1, 0.62), arrowstyle="-|>", mutation_scale=12,
+                                             linewidth=1.6, color=color))
+            else:
+                # Across the chip: down, along a lane of its own, down into the GPU, as a circuit
+                # diagram routes wires, so that each arrow can be followed from its rank to its GPU
+                # (straight arrows of mirrored ranks would all cross at one point).
+                lane = 1.42 - 0.17 * (p.local_rank % 4)
+                start, end = x0 - 0.12, x1 + 0.12
+                ax.plot([start, start, end], [1.6, lane, lane], color=color, linewidth=1.6)
+                ax.add_patch(FancyArrowPatch((end, lane), (end, 0.62), arrowstyle="-|>", mutation_scale=12,
+                                             linewidth=1.6, color=color, shrinkA=0))
+            ax.text(x1, 0.12, f"rank {p.local_rank}'s", ha="center", va="center", fontsize=7, color=color,
+                    fontweight="bold")
         counts[title] = local
         ax.set_title(f"{title}: {local} of {len(placements)} ranks local", fontsize=10)
         ax.set(xlim=(0, len(nodes)), ylim=(0, 2.5))
