@@ -1139,7 +1139,7 @@ def test_binding_verdicts_check(capsys):
     verdict(capsys)
     # The first guess (depth binding keeps each rank by its GPU), the two swapped, the same for both.
     fails(capsys, grader.check_binding_verdicts({0: "local", 1: "local"}, depth_16), "local rank 0 is not local",
-          "NUMA nodes")
+          "NUMA nodes its 16 cores span")
     fails(capsys, grader.check_binding_verdicts({0: "far", 1: "split"}, depth_16), "local rank 0 is not far")
     fails(capsys, grader.check_binding_verdicts({0: "split", 1: "split"}, depth_16), "local rank 1 is not split")
     fails(capsys, grader.check_binding_verdicts({0: "split"}, depth_16), "1 missing")

@@ -1272,7 +1272,7 @@ def check_binding_verdicts(verdicts, placements: list) -> bool:
     for p in placements:
         if given[p.local_rank] != p.verdict:
             return _verdict(False, f"local rank {p.local_rank} is not {given[p.local_rank]}: list the NUMA nodes "
-                                   "its cores span under --depth 16 (the table above gives 8 cores to a NUMA node), "
+                                   f"its {len(p.cpus)} cores span (the table above gives each NUMA node's cores), "
                                    "and compare them with its GPU's")
     return _verdict(True, "; ".join(f"local rank {p.local_rank}: {p.verdict}" for p in placements))
 

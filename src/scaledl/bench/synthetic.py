@@ -16,18 +16,14 @@ from scaledl.bench.common import Options, headline, result, rounded
 from scaledl.bench.launch import run_worker
 
 
-def accelerator_count() -> int:
-    from scaledl import devices
-
-    return devices.device_count()
-
-
 def pick_model(devices: int) -> str:
     return "resnet50" if devices and importlib.util.find_spec("torchvision") else "cnn"
 
 
 def run(options: Options) -> dict:
-    devices = accelerator_count()
+    from scaledl import engines
+
+    devices = engines.accelerator_count()
     ranks = devices or 1
     model = pick_model(devices)
     # On CPU the one "device" is the whole processor: give it every core.
