@@ -9,8 +9,8 @@
 A rank's data loader puts each batch in host memory and copies it to the GPU. For each NUMA node
 of this machine, the calling thread moves onto that node's CPUs and allocates the batch there:
 Linux's default policy places a page on the NUMA node of the CPU that first touches it
-(numa(7), "MPOL_DEFAULT ... allocate memory on the node of the CPU that triggered the
-allocation"), and a pinned buffer's pages are touched when `cudaHostAlloc` locks them. Then it
+(set_mempolicy(2), MPOL_DEFAULT: "local allocation", "allocate memory on the node of the CPU
+that triggered the allocation"), and a pinned buffer's pages are touched when it is locked. Then it
 times host-to-device copies of that buffer. A row whose node is the GPU's own is what a local
 rank pays; the other rows are what a far rank pays. On a machine with one NUMA node every row
 is local; on the CPU the "copy" is a host memcpy into memory allocated before the first move.

@@ -414,6 +414,7 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     fig = Figure(figsize=(2.6 * len(nodes), 3.0 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     counts = {}
+    colors = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}
     for ax, (title, placements) in zip(axes, panels.items()):
         column = {node: i for i, node in enumerate(nodes)}
         for node, i in column.items():
@@ -422,7 +423,6 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
             node = gpu_nodes[address]
             _box(ax, column[node] + 0.2, 0.05, 0.6, 0.55, f"GPU {k}\n{address}\n", "#F3E3D3", fontsize=7)
         local = 0
-        colors = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}
         for p in placements:
             if p.gpu is None or not p.cpu_nodes:
                 continue
@@ -432,13 +432,13 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
             spanned = [column[node] for node in p.cpu_nodes]
             left, right = min(spanned) + 0.1, max(spanned) + 0.9
             x0 = (left + right) / 2
-            ax.text(x0, 1.8, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}", ha="center", va="center",
+            ax.text(x0, 1.7, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}", ha="center", va="center",
                     fontsize=8, fontweight="bold", color="white", bbox={"boxstyle": "round", "facecolor": color})
             if len(spanned) > 1:  # a bar under the label across the NUMA nodes the rank spans
-                ax.plot([left, right], [1.64, 1.64], color=color, linewidth=4, solid_capstyle="round")
+                ax.plot([left, right], [1.6, 1.6], color=color, linewidth=4, solid_capstyle="round")
             x1 = column[gpu_nodes[p.gpu]] + 0.5
             if abs(x1 - x0) < 0.3:
-                ax.add_patch(FancyArrowPatch((x0, 1.6), (x1, 0.62), arrowstyle="-|>", mutation_scale=12,
+                ax.add_patch(FancyArrowPatch((x0, 1.57), (x1, 0.62), arrowstyle="-|>", mutation_scale=12,
                                              linewidth=1.6, color=color))
             else:
                 # Across the chip: down, along a lane of its own, down into the GPU, as a circuit
@@ -446,7 +446,7 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
                 # (straight arrows of mirrored ranks would all cross at one point).
                 lane = 1.42 - 0.17 * (p.local_rank % 4)
                 start, end = x0 - 0.12, x1 + 0.12
-                ax.plot([start, start, end], [1.6, lane, lane], color=color, linewidth=1.6)
+                ax.plot([start, start, end], [1.57, lane, lane], color=color, linewidth=1.6)
                 ax.add_patch(FancyArrowPatch((end, lane), (end, 0.62), arrowstyle="-|>", mutation_scale=12,
                                              linewidth=1.6, color=color, shrinkA=0))
             ax.text(x1, 0.12, f"rank {p.local_rank}'s", ha="center", va="center", fontsize=7, color=color,
@@ -455,6 +455,12 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
         ax.set_title(f"{title}: {local} of {len(placements)} ranks local", fontsize=10)
         ax.set(xlim=(0, len(nodes)), ylim=(0, 2.5))
         ax.axis("off")
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(color=colors["local"], label="local: all its cores on its GPU's NUMA node"),
+                        Patch(color=colors["split"], label="split: some of them"),
+                        Patch(color=colors["far"], label="far: none")],
+               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.local_counts = counts  # what the drawing shows, for a caller or a test
     return fig
 
