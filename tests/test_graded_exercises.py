@@ -74,3 +74,29 @@ def test_papermill_overrides_the_parameters_cell(path, tmp_path):
     injected = next(i for i, cell in enumerate(cells) if "injected-parameters" in cell.metadata.get("tags", []))
     assert f"{name} = 4" in cells[injected].source
     assert "parameters" in cells[injected - 1].metadata.get("tags", [])  # right after the defaults
+
+
+def test_lesson_0_binding_exercises_pass_with_the_right_answers():
+    """Lesson 0's three binding checks, run in the notebook itself with the answers filled in (its
+    stored cells hold the usual first guesses, which fail): every check says PASS, and the
+    two-rank launch is drawn."""
+    notebook = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
+    answers = {"prediction = ": "prediction = {0: (3, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}\n",
+               "VERDICTS = ": 'VERDICTS = {0: "split", 1: "far"}\n',
+               "CPU_BIND = ": 'CPU_BIND = "list:0-7:8-15"\n'}
+    stop = next(i for i, cell in enumerate(notebook.cells) if "engines.start(WORLD_SIZE)" in cell.source)
+    notebook.cells = notebook.cells[:stop]  # the live ranks are the lesson's own test
+    filled = []
+    for cell in notebook.cells:
+        for prefix, answer in answers.items():
+            if cell.cell_type == "code" and cell.source.startswith(prefix):
+                cell.source, filled = answer, filled + [prefix]
+    assert sorted(filled) == sorted(answers)
+    NotebookClient(notebook, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    lines = [line for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+             if output.output_type == "stream" for line in output.text.splitlines()]
+    verdicts = [line for line in lines if line.startswith(("PASS", "FAIL"))]
+    assert len(verdicts) == 3 and all(line.startswith("PASS") for line in verdicts), verdicts
+    assert "mpiexec -n 2 --ppn 2 --depth 16 --cpu-bind list:0-7:8-15" in "\n".join(lines)
+    assert "OMP_NUM_THREADS=8" in "\n".join(lines)

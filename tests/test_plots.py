@@ -235,6 +235,35 @@ def test_node_binding_draws_a_split_rank_across_its_numa_nodes_and_labels_each_g
     drawn(fig)
 
 
+def test_cpu_map_shows_aurora_depth_binding_splitting_rank_6():
+    """ALCF's list keeps all 12 ranks on their tile's socket; --depth 8 --cpu-bind depth gives rank 6
+    CPUs 49-51,53-57, across the socket boundary at 52: drawn orange on both NUMA nodes."""
+    from pathlib import Path
+
+    from matplotlib.colors import to_hex
+
+    from scaledl import binding, systems
+
+    root = Path(__file__).parent / "data" / "sysfs" / "aurora"
+    alcf = ["mpiexec", "-n", "12", "--ppn", "12", "--cpu-bind", "list:" + ":".join(systems.AURORA_CPU_LISTS),
+            "python", "train.py"]
+    depth = ["mpiexec", "-n", "12", "--ppn", "12", "--depth", "8", "--cpu-bind", "depth", "python", "train.py"]
+    env = {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
+    reserved = systems.RESERVED_CPUS["aurora"]  # PALS keeps cores 0 and 52 (ALCF's hello_affinity output)
+    panels = {"list": binding.plan(alcf, env, "xpu", 12, root, reserved),
+              "depth": binding.plan(depth, env, "xpu", 12, root, reserved)}
+    fig = plots.cpu_map(panels, binding.numa_nodes(root), binding.gpu_numa_nodes(root, "xpu"))
+    assert fig.local_counts == {"list": 12, "depth": 11}
+    bars = [patch for patch in fig.axes[1].patches if patch.get_height() == pytest.approx(0.7)]
+    assert len(bars) == 13  # rank 6's CPUs are two runs, one a socket
+    split = [(bar.get_x(), bar.get_width()) for bar in bars if to_hex(bar.get_facecolor()) == "#dd8452"]
+    assert split == [(49, 3), (53, 5)]  # ALCF's output: "MPI 006 ... HWT 49-51,53-57"
+    assert fig.axes[0].get_xlim() == (0, 104)  # the cores, not the second hardware threads (104-207)
+    texts = [text.get_text() for text in fig.axes[1].texts]
+    assert "rank 6: CPUs 49-51,53-57 -> GPU 3 (NUMA node 1)" in texts
+    drawn(fig)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_data_parallel_step_draws_each_rank_and_one_average(world_size):
     fig = plots.data_parallel_step(world_size)

@@ -13,6 +13,7 @@ notebook runs on: a notebook drives one node; the job scripts in `jobs/` drive m
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -128,16 +129,28 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
 
     how = plan(world_size, system)
     os.environ.update(how.env)  # the engines inherit the notebook's environment
-    cluster = ipp.Cluster(n=how.world_size, engines="mpi", log_level=logging.WARNING)
+    # start_and_connect_sync waits for every engine for engine_timeout seconds (60 by default,
+    # ipyparallel/cluster/cluster.py): ranks that import torch on a busy node can take longer.
+    cluster = ipp.Cluster(n=how.world_size, engines="mpi", log_level=logging.WARNING,
+                          engine_timeout=max(1, math.ceil(timeout_s)))
     cluster.config.MPILauncher.mpi_cmd = how.mpi_cmd
     cluster.config.MPILauncher.mpi_args = how.mpi_args
     if how.system == "slurm":
         cluster.config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-c", SLURM_ENGINE]
-    client = cluster.start_and_connect_sync()
+    command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
     try:
-        client.wait_for_engines(how.world_size, timeout=timeout_s)
-    except Exception:
-        cluster.stop_cluster_sync()
+        client = cluster.start_and_connect_sync()
+    except BaseException as error:
+        # A start that timed out leaves the controller and the engines that did start running:
+        # stop them, or the next start finds a node already busy with them.
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        if isinstance(error, TimeoutError):
+            raise LaunchError(f"{how.world_size} ranks did not all start within {timeout_s:g} s ({command}): "
+                              "run engines.start again (a busy node), or check the launcher with "
+                              "`scaledl doctor`") from None
         raise
     # Stopping MPI engines ends mpiexec with status 1, which ipyparallel reports with every
     # engine's whole log: from here on only errors.
@@ -146,7 +159,6 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     view = client[:]
     view.block = True  # each %%px cell waits for every rank and shows what each printed
     view.activate()  # %%px now runs on these engines
-    command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
     print(f"{how.world_size} ranks up ({how.system}: {command})" + (f", {how.note}" if how.note else ""))
     return cluster, view
 

@@ -465,6 +465,77 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     return fig
 
 
+def _runs(ordered: list[int]) -> list[tuple[int, int]]:
+    """[0, 1, 2, 7, 8] -> [(0, 2), (7, 8)]: the contiguous runs of a sorted list of CPUs."""
+    runs = []
+    for cpu in ordered:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return [(first, last) for first, last in runs]
+
+
+def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
+    """Each local rank's CPUs as a bar over the node's cores, shaded by NUMA node: for nodes with
+    many ranks per NUMA node (Aurora: 6 a socket), where `node_binding`'s arrows would pile up.
+
+    `panels`: title -> the ranks' `scaledl.binding.Placement`s; `numa_cpus`: NUMA node -> its CPUs;
+    `gpu_nodes`: each GPU's PCI address -> its NUMA node, in PCI order (GPU k is the k-th).  A bar is
+    green when all its CPUs are on its GPU's NUMA node, orange when some are (split), red when none
+    are (far); the text beside it names the GPU and that GPU's NUMA node."""
+    from matplotlib.patches import Patch
+
+    from .binding import format_cpulist
+
+    colors = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}
+    shades = ["#E8EEF7", "#F3E3D3", "#E3F0E3", "#EFE3F3"]
+    gpus = list(gpu_nodes)
+    ranks = max(len(placements) for placements in panels.values())
+    shown = [cpu for placements in panels.values() for p in placements for cpu in p.cpus]
+    # The cores drawn: from 0 to the end of the run of CPUs (of one NUMA node) that holds the
+    # highest CPU a rank has, so that the second hardware threads of a node stay off the axis.
+    top = max(shown) if shown else 0
+    end = next((last + 1 for cpus in numa_cpus.values() for first, last in _runs(sorted(cpus))
+                if first <= top <= last), top + 1)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.5, 0.32 * ranks * len(panels) + 1.1 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    fig.local_counts = {}
+    for ax, (title, placements) in zip(axes, panels.items()):
+        for node, cpus in sorted(numa_cpus.items()):
+            inside = sorted(cpu for cpu in cpus if cpu < end)
+            if not inside:
+                continue
+            ax.axvspan(inside[0], inside[-1] + 1, color=shades[node % len(shades)], zorder=0)
+            ax.text((inside[0] + inside[-1] + 1) / 2, -0.9, f"NUMA node {node}: CPUs {format_cpulist(inside)}",
+                    ha="center", va="center", fontsize=8)
+        local = 0
+        for p in placements:
+            if not p.cpus:
+                continue
+            local += p.verdict == "local"
+            y = p.local_rank
+            for first, last in _runs(sorted(p.cpus)):
+                ax.barh(y, last + 1 - first, left=first, height=0.7, color=colors.get(p.verdict, "#8C8C8C"),
+                        edgecolor="black", linewidth=0.5)
+            gpu = f"GPU {gpus.index(p.gpu)} (NUMA node {gpu_nodes[p.gpu]})" if p.gpu in gpu_nodes else "no GPU"
+            ax.text(end + 1, y, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)} -> {gpu}", va="center",
+                    fontsize=7)
+        fig.local_counts[title] = local
+        ax.set_title(f"{title}: {local} of {len(placements)} ranks local", fontsize=10)
+        ax.set(xlim=(0, end), ylim=(ranks - 0.4, -1.4), xlabel="CPU (core)", ylabel="local rank")
+        ax.set_yticks(range(ranks))
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.legend(handles=[Patch(color=colors["local"], label="local: all its cores on its GPU's NUMA node"),
+                        Patch(color=colors["split"], label="split: some of them"),
+                        Patch(color=colors["far"], label="far: none")],
+               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    return fig
+
+
 def data_parallel_step(world_size: int = 4):
     """One data-parallel step, as Horovod (and DDP) run it on `world_size` ranks: each rank takes its
     own shard of the global batch, runs forward and backward on that micro batch, and gets its own
