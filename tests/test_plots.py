@@ -249,7 +249,7 @@ def test_cpu_map_shows_aurora_depth_binding_splitting_rank_6():
             "python", "train.py"]
     depth = ["mpiexec", "-n", "12", "--ppn", "12", "--depth", "8", "--cpu-bind", "depth", "python", "train.py"]
     env = {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
-    reserved = systems.RESERVED_CPUS["aurora"]  # PALS keeps cores 0 and 52 (ALCF's hello_affinity output)
+    reserved = systems.RESERVED_CPUS["aurora"]  # cores 0 and 52 are the system's (ALCF's hello_affinity output)
     panels = {"list": binding.plan(alcf, env, "xpu", 12, root, reserved),
               "depth": binding.plan(depth, env, "xpu", 12, root, reserved)}
     fig = plots.cpu_map(panels, binding.numa_nodes(root), binding.gpu_numa_nodes(root, "xpu"))
