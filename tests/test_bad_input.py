@@ -379,8 +379,13 @@ def test_a_busy_port_under_horovodrun_is_the_main_ranks_one_line(tmp_path):
     assert result.returncode != 0
     # horovodrun tags each rank's line; everything else is its own report.
     ranks = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("[")]
-    assert len(ranks) == 1 and ranks[0].startswith("[0]<stderr>:scaledl.ladder.ddp: error: "), ranks
-    assert f"port {port} is already taken" in ranks[0] and "MASTER_PORT" in ranks[0], ranks
+    errors = [line for line in ranks if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith("[0]<stderr>:scaledl.ladder.ddp: error: "), ranks
+    assert f"port {port} is already taken" in errors[0] and "MASTER_PORT" in errors[0], ranks
+    # horovodrun then stops rank 1; where its handler was already in place it says so in one line
+    # (on a busy machine), else it says nothing: never a traceback, never a second error.
+    others = [line for line in ranks if line not in errors]
+    assert all(line == "[1]<stderr>:scaledl.ladder.ddp: stopped by SIGTERM (rank 1 of 2)" for line in others), ranks
     assert not (tmp_path / "out").exists()
 
 
