@@ -32,8 +32,8 @@ def test_the_thread_goes_back_where_it_was():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--device", "cuda"], "no cuda device here"),
-    (["--device", "gpu0"], "is not a device"),
+    (["--device", "cuda"], "device 'cuda' is not available"),
+    (["--device", "gpu0"], "unknown device 'gpu0'"),
     (["--device", "cpu", "--repeats", "0"], "must be at least 1"),
     (["--device", "cpu", "--repeats", "many"], "invalid int value"),
 ])

@@ -40,15 +40,20 @@ def parse_cpulist(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+def cpu_runs(cpus) -> list[tuple[int, int]]:
+    """{0, 1, 2, 7, 8} -> [(0, 2), (7, 8)]: the contiguous runs of a set of CPUs, in order."""
+    runs = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return [(first, last) for first, last in runs]
+
+
 def format_cpulist(cpus) -> str:
     """{0..7, 32..39} -> '0-7,32-39', the form sysfs and `--cpu-bind list:` use."""
-    ranges, ordered = [], sorted(cpus)
-    for cpu in ordered:
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in cpu_runs(cpus))
 
 
 def _read(root: str | Path, *parts: str) -> str | None:

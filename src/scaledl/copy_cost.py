@@ -118,23 +118,20 @@ def main(argv=None) -> int:
     from scaledl.config import OneLineParser
 
     parser = OneLineParser(prog="python -m scaledl.copy_cost", description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda", help="cuda, cuda:N, xpu, xpu:N or cpu (default cuda)")
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N, xpu, xpu:N, mps or cpu (default cuda)")
     parser.add_argument("--repeats", type=int, default=20, help="timed copies per row (default 20)")
     parser.add_argument("--pageable", action="store_true", help="also time pageable (not pinned) memory")
     args = parser.parse_args(argv)
-    import torch
-
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        print(f"error: --device {args.device!r} is not a device: use cuda, cuda:N, xpu, xpu:N or cpu",
-              file=sys.stderr)
-        return 2
     if args.repeats < 1:
         print(f"error: --repeats {args.repeats} must be at least 1", file=sys.stderr)
         return 2
-    if device.type != "cpu" and not (hasattr(torch, device.type) and getattr(torch, device.type).is_available()):
-        print(f"error: no {device.type} device here: pass --device cpu, or run on a GPU node", file=sys.stderr)
+    from scaledl.devices import pick_device
+    from scaledl.launch_env import LaunchError
+
+    try:
+        device = pick_device(args.device)  # the rungs' own check of --device
+    except LaunchError as error:
+        print(f"error: --device: {error}", file=sys.stderr)
         return 2
     rows = measure(device, repeats=args.repeats)
     if args.pageable and device.type != "cpu":

@@ -57,13 +57,9 @@ def visible_accelerators(env: dict, accelerators: tuple[str | None, int] | None 
     empty CUDA_VISIBLE_DEVICES in its os.environ) still counts them: read the mask here too.
     """
     if accelerators is None:
-        try:
-            from scaledl import devices
+        from scaledl import engines  # engines imports this module
 
-            kind = devices.accelerator()
-            accelerators = kind, devices.device_count() if kind else 0
-        except ImportError:  # no torch
-            accelerators = None, 0
+        accelerators = engines.node_accelerators()
     kind, count = accelerators
     mask = env.get("CUDA_VISIBLE_DEVICES")
     if kind == "cuda" and mask is not None:

@@ -395,6 +395,18 @@ def accumulation_timeline(events_by_rank: list[list], accumulation_steps: int):
     return fig
 
 
+VERDICT_COLORS = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}  # scaledl.binding's verdicts
+
+
+def _verdict_legend(fig) -> None:
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(color=VERDICT_COLORS["local"], label="local: all its cores on its GPU's NUMA node"),
+                        Patch(color=VERDICT_COLORS["split"], label="split: some of them"),
+                        Patch(color=VERDICT_COLORS["far"], label="far: none")],
+               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+
+
 def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     """Where each local rank runs on one node: its cores' NUMA node and the GPU it drives.
 
@@ -414,7 +426,6 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     fig = Figure(figsize=(2.6 * len(nodes), 3.0 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     counts = {}
-    colors = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}
     for ax, (title, placements) in zip(axes, panels.items()):
         column = {node: i for i, node in enumerate(nodes)}
         for node, i in column.items():
@@ -427,7 +438,7 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
             if p.gpu is None or not p.cpu_nodes:
                 continue
             local += p.verdict == "local"
-            color = colors.get(p.verdict, "#8C8C8C")
+            color = VERDICT_COLORS.get(p.verdict, "#8C8C8C")
             # A rank spans every NUMA node its cores are on (a split rank: two or more).
             spanned = [column[node] for node in p.cpu_nodes]
             left, right = min(spanned) + 0.1, max(spanned) + 0.9
@@ -455,25 +466,9 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
         ax.set_title(f"{title}: {local} of {len(placements)} ranks local", fontsize=10)
         ax.set(xlim=(0, len(nodes)), ylim=(0, 2.5))
         ax.axis("off")
-    from matplotlib.patches import Patch
-
-    fig.legend(handles=[Patch(color=colors["local"], label="local: all its cores on its GPU's NUMA node"),
-                        Patch(color=colors["split"], label="split: some of them"),
-                        Patch(color=colors["far"], label="far: none")],
-               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    _verdict_legend(fig)
     fig.local_counts = counts  # what the drawing shows, for a caller or a test
     return fig
-
-
-def _runs(ordered: list[int]) -> list[tuple[int, int]]:
-    """[0, 1, 2, 7, 8] -> [(0, 2), (7, 8)]: the contiguous runs of a sorted list of CPUs."""
-    runs = []
-    for cpu in ordered:
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return [(first, last) for first, last in runs]
 
 
 def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
@@ -484,11 +479,10 @@ def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     `gpu_nodes`: each GPU's PCI address -> its NUMA node, in PCI order (GPU k is the k-th).  A bar is
     green when all its CPUs are on its GPU's NUMA node, orange when some are (split), red when none
     are (far); the text beside it names the GPU and that GPU's NUMA node."""
-    from matplotlib.patches import Patch
+    from matplotlib.figure import Figure
 
-    from .binding import format_cpulist
+    from .binding import cpu_runs, format_cpulist
 
-    colors = {"local": "#55A868", "split": "#DD8452", "far": "#C44E52"}
     shades = ["#E8EEF7", "#F3E3D3", "#E3F0E3", "#EFE3F3"]
     gpus = list(gpu_nodes)
     ranks = max(len(placements) for placements in panels.values())
@@ -496,10 +490,8 @@ def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     # The cores drawn: from 0 to the end of the run of CPUs (of one NUMA node) that holds the
     # highest CPU a rank has, so that the second hardware threads of a node stay off the axis.
     top = max(shown) if shown else 0
-    end = next((last + 1 for cpus in numa_cpus.values() for first, last in _runs(sorted(cpus))
+    end = next((last + 1 for cpus in numa_cpus.values() for first, last in cpu_runs(cpus)
                 if first <= top <= last), top + 1)
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(9.5, 0.32 * ranks * len(panels) + 1.1 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     fig.local_counts = {}
@@ -517,8 +509,8 @@ def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
                 continue
             local += p.verdict == "local"
             y = p.local_rank
-            for first, last in _runs(sorted(p.cpus)):
-                ax.barh(y, last + 1 - first, left=first, height=0.7, color=colors.get(p.verdict, "#8C8C8C"),
+            for first, last in cpu_runs(p.cpus):
+                ax.barh(y, last + 1 - first, left=first, height=0.7, color=VERDICT_COLORS.get(p.verdict, "#8C8C8C"),
                         edgecolor="black", linewidth=0.5)
             gpu = f"GPU {gpus.index(p.gpu)} (NUMA node {gpu_nodes[p.gpu]})" if p.gpu in gpu_nodes else "no GPU"
             ax.text(end + 1, y, f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)} -> {gpu}", va="center",
@@ -529,10 +521,7 @@ def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
         ax.set_yticks(range(ranks))
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    fig.legend(handles=[Patch(color=colors["local"], label="local: all its cores on its GPU's NUMA node"),
-                        Patch(color=colors["split"], label="split: some of them"),
-                        Patch(color=colors["far"], label="far: none")],
-               loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    _verdict_legend(fig)
     return fig
 
 
