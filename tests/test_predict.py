@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run, tool
-from scaledl import predict
+from conftest import ROOT, reports, run, tool
+from scaledl import launchers, predict
 
 MIB = 2**20
 LINK = predict.Link(alpha_s=1e-5, bandwidth_Bps=1e9)
@@ -42,25 +42,93 @@ def test_zero3_gathers_per_unit_pay_the_latency_per_unit():
 
 def test_deepspeed_stage3_keeps_what_runs_again_soon_and_small_parameters_whole():
     # Three units in forward order: 200k + 100k elements, 300M, 400M.  The 100k-element parameter is
-    # at the 1e5 persistence threshold: whole through forward and backward, gathered once after the
-    # optimizer step.  After unit 0, 700M elements run before its backward comes back,
-    # 2 x 700M = 1.4e9 >= 1e9: freed and gathered again; units 1 (2 x 400M) and 2 (0) stay.
+    # at the 1e5 persistence threshold: whole through forward and backward, gathered after the
+    # optimizer step in a collective of its own.
     units = [[200_000, 100_000], [300_000_000], [400_000_000]]
     total = 700_300_000
-    knobs = predict.deepspeed_zero3_gathers(units)
+    # Without prefetch each unit fetches itself.  After unit 0, 700M elements run before its backward
+    # comes back, 2 x 700M = 1.4e9 >= 1e9: freed and fetched again in backward; units 1 (2 x 400M
+    # between) and 2 (none) stay gathered.
+    knobs = predict.deepspeed_zero3_gathers(units, prefetch_bucket=0)
     assert knobs == {"gathers": 3, "gathered": pytest.approx(700_200_000 / total), "regathers": 1,
-                     "regathered": pytest.approx(200_000 / total), "persistent": pytest.approx(100_000 / total)}
+                     "regathered": pytest.approx(200_000 / total), "persistent": pytest.approx(100_000 / total),
+                     "persistent_gathers": 1, "scatters": 2, "norm_allreduces": 1}  # 700.3M / 5e8: 2 buckets
+    # With the default 5e7-element prefetch: unit 0 fetches itself, then prefetches unit 1; unit 1
+    # prefetches unit 2; unit 2's prefetch runs on through the recorded backward order, past units 2
+    # and 1 (still gathered), to unit 0, freed after its forward: fetched again, 4 all-gathers in
+    # forward, none in backward.
+    knobs = predict.deepspeed_zero3_gathers(units)
+    assert (knobs["gathers"], knobs["gathered"], knobs["regathers"]) == (4, pytest.approx(700_400_000 / total), 0)
     # One element more and it is partitioned like the rest.
     assert predict.deepspeed_zero3_gathers([[100_001]])["persistent"] == 0.0
-    # With the distance at 0 every unit comes back (the paper's count), persistent elements aside.
-    every_unit_again = predict.deepspeed_zero3_gathers(units, max_reuse_distance=0)
+    # With the distance at 0 (and no prefetch) every unit comes back, as the paper counts it.
+    every_unit_again = predict.deepspeed_zero3_gathers(units, max_reuse_distance=0, prefetch_bucket=0)
+    assert every_unit_again["regathers"] == 3
     assert every_unit_again["regathered"] == pytest.approx(700_200_000 / total)
     # On 2 ranks, 1 GB of gradients, no latency: reduce-scatter 0.5 s; then half a second per whole
     # gather, times the share each pass moves: forward, backward, after the step.
+    knobs = predict.deepspeed_zero3_gathers(units, prefetch_bucket=0)
     expected = 0.5 + 0.5 * 700_200_000 / total + 0.5 * 200_000 / total + 0.5 * 100_000 / total
     assert predict.exposed_comm_s("zero3", 1e9, 2, BANDWIDTH_ONLY, 0.0, **knobs) == pytest.approx(expected)
-    # Latency once per collective: the reduce-scatter, 3 units forward, 1 backward, 1 after the step.
-    assert predict.exposed_comm_s("zero3", 1e-30, 2, LINK, 0.0, **knobs) == pytest.approx((1 + 3 + 1 + 1) * 1e-5)
+    # Latency once per collective, a ring step each on 2 ranks: 2 reduce-scatters, 3 units forward,
+    # 1 backward, 1 after the step, and the norm's all-reduce of 8 bytes (2 ring steps).
+    assert predict.exposed_comm_s("zero3", 1e-30, 2, LINK, 0.0, **knobs) == pytest.approx(
+        (2 + 3 + 1 + 1 + 2) * 1e-5 + 8 / 1e9)
+
+
+def test_fsdp2_gathers_each_unit_twice_and_scatters_it_once():
+    assert predict.fsdp2_collectives([100, 0, 300]) == {"gathers": 2, "gathered": 1.0, "regathers": 2,
+                                                        "regathered": 1.0, "scatters": 2}
+    # A root with parameters of its own stays gathered from forward to backward.
+    knobs = predict.fsdp2_collectives([100, 300], root_numel=100)
+    assert (knobs["gathers"], knobs["regathers"], knobs["regathered"], knobs["scatters"]) == (3, 2, 0.8, 3)
+    # 2 ranks, 4 units of 1 MB in all: per unit alpha + 1/2 of its bytes per collective, 3 collectives a unit.
+    knobs = predict.fsdp2_collectives([250_000] * 4)
+    assert predict.exposed_comm_s("fsdp2", 1e6, 2, LINK, 0.0, **knobs) == pytest.approx(3 * (4 * 1e-5 + 0.5e-3))
+
+
+# DeepSpeed's stage 3 settings, as the probe's JSON names them, and as deepspeed_zero3_gathers takes them.
+ZERO3_SETTINGS = {"stage3_param_persistence_threshold": "persistence_threshold",
+                  "stage3_prefetch_bucket_size": "prefetch_bucket", "stage3_max_reuse_distance": "max_reuse_distance",
+                  "stage3_max_live_parameters": "max_live"}
+
+
+def test_the_collectives_counted_in_real_steps_are_the_ones_predicted():
+    # Real 2-rank steps, every torch.distributed collective counted by phase (tests/probes/
+    # collective_count_probe.py).  DeepSpeed's stage 3 on five Linear layers under its defaults (its
+    # prefetch gathers everything in one collective; the small parameters persist, one gather each
+    # after the step), then with settings that make it fetch module by module, free each module after
+    # its forward, and stop prefetching at max_live.
+    widths = "64,400,400,400,400,64"
+    settings = ['{}',
+                '{"stage3_param_persistence_threshold": 1000, "stage3_prefetch_bucket_size": 0, '
+                '"stage3_max_reuse_distance": 0}',
+                '{"stage3_param_persistence_threshold": 1000, "stage3_prefetch_bucket_size": 200000, '
+                '"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 400000}']
+    found = [r for r in reports(run(launchers.torchrun(2, "collective_count_probe", ["zero3", widths, *settings]),
+                                    timeout=300).stdout) if r["rank"] == 0]
+    assert len(found) == len(settings)
+    for counted in found:
+        knobs = predict.deepspeed_zero3_gathers(counted["units"], **{
+            ZERO3_SETTINGS[name]: value for name, value in counted["settings"].items()})
+        total = sum(map(sum, counted["units"]))
+        calls, numel = counted["calls"], counted["numel"]
+        assert (calls["forward all_gather"], calls.get("backward all_gather", 0), calls["step all_gather"]) == (
+            knobs["gathers"], knobs["regathers"], knobs["persistent_gathers"]), counted
+        assert (calls["backward reduce_scatter"], calls["step all_reduce"]) == (knobs["scatters"],
+                                                                                knobs["norm_allreduces"])
+        assert numel["forward all_gather"] == pytest.approx(knobs["gathered"] * total)
+        assert numel.get("backward all_gather", 0) == pytest.approx(knobs["regathered"] * total)
+        assert numel["step all_gather"] == pytest.approx(knobs["persistent"] * total)
+    assert [r["calls"]["forward all_gather"] for r in found] == [1, 5, 3]  # the three settings differ
+    # FSDP2, as the rung wraps the transformer: each of its 5 layers gathered twice and scattered once.
+    counted = reports(run(launchers.torchrun(2, "collective_count_probe", ["fsdp", "transformer:64,2,4,8"]),
+                          timeout=300).stdout)[0]
+    knobs = predict.fsdp2_collectives(counted["top_level"])
+    calls = counted["calls"]
+    assert (calls["forward all_gather"], calls["backward all_gather"], calls["backward reduce_scatter"]) == (
+        knobs["gathers"], knobs["regathers"], knobs["scatters"]) == (5, 5, 5)
+    assert counted["numel"]["forward all_gather"] == sum(counted["top_level"])
 
 
 def test_ddp_buckets_with_and_without_overlap():

@@ -25,22 +25,22 @@ The model (each formula below cites where it comes from):
 * ZeRO stages 1 and 2, as the paper counts them, move 2 Psi bytes per rank, as all-reduce does (a
   reduce-scatter of the gradients, an all-gather of the updated parameters); stage 3 and FSDP2
   gather the parameters again for backward: 3 Psi (Rajbhandari et al., "ZeRO", SC 2020, sec. 7.2).
-  FSDP2 does so by default (`reshard_after_forward=True`, all but the root).  DeepSpeed's stage 3
-  gathers otherwise: a parameter of at most `stage3_param_persistence_threshold` elements (1e5)
-  stays whole through forward and backward, and is partitioned before each optimizer step and
-  all-gathered again after it, all of them in one collective (`_post_step` in runtime/zero/stage3.py);
-  and a gathered parameter is freed only when it does not run again within
-  `stage3_max_reuse_distance` elements (1e9) of the recorded module order (`__params_to_release` in
-  runtime/zero/partitioned_param_coordinator.py, 0.19.8): a unit i of a model whose later units hold
-  S_i elements comes back in backward after 2 S_i elements, so it stays gathered when 2 S_i < 1e9
-  (`deepspeed_zero3_gathers`).
+  FSDP2 does so by default (`reshard_after_forward=True`, all but the root), one unit at a time:
+  each `fully_shard` module is gathered before its forward and its backward and reduce-scatters its
+  own gradients (`fsdp2_collectives`).  DeepSpeed's stage 3 gathers otherwise
+  (`deepspeed_zero3_gathers` replays its PartitionedParameterCoordinator, runtime/zero/, 0.19.8): a
+  parameter of at most `stage3_param_persistence_threshold` elements (1e5) stays whole through
+  forward and backward and is gathered again after each optimizer step, one collective each; the
+  others are fetched as their module runs and prefetched along the order recorded in the previous
+  step, up to `stage3_prefetch_bucket_size` elements (5e7) per collective, so a small model is
+  gathered in one collective; and a gathered parameter is freed after its module runs only when it
+  does not run again within `stage3_max_reuse_distance` elements (1e9) and no prefetch has run past
+  its next use.
   DeepSpeed 0.19.8 runs stages 1 and 2 otherwise by default: it all-reduces each gradient bucket
   and keeps its own part (stage_1_and_2.py, `average_tensor` -> `allreduce_and_scatter`, with
   `use_multi_rank_bucket_allreduce=True`), then all-gathers the updated parameters
-  (`all_gather_dp_groups`): 3 Psi, predicted so here.  They gather one
-  unit at a time (FSDP2: each `fully_shard` module; DeepSpeed stage 3: each submodule holding
-  parameters, fetched by its PartitionedParameterCoordinator), so with `gathers` units the
-  bytes are the same but the latency is paid `gathers` times per pass.
+  (`all_gather_dp_groups`): 3 Psi, predicted so here.  Only the number of collectives and the
+  bytes they move enter the latency-bandwidth model: `gathers` collectives pay `gathers` alphas.
 * Pipeline with p stages and m micro batches: the bubble is (p-1)/(m+p-1) of the step
   (Huang et al., "GPipe", NeurIPS 2019, sec. 2.3; Narayanan et al., SC 2021, sec. 2.2.1).
 * Backward takes 2/3 of forward+backward unless measured: a layer's backward costs two matmuls
@@ -169,45 +169,127 @@ def bucketed_s(messages: list[float], ranks: int, link: Link, backward_s: float,
 
 DEEPSPEED_PERSISTENCE_THRESHOLD = 1e5  # stage3_param_persistence_threshold default (runtime/zero/config.py, 0.19.8)
 DEEPSPEED_MAX_REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance default (the same file)
+DEEPSPEED_PREFETCH_BUCKET = 5e7  # stage3_prefetch_bucket_size default (the same file)
+DEEPSPEED_REDUCE_BUCKET = 5e8  # reduce_bucket_size default (the same file)
+DEEPSPEED_MAX_LIVE = 1e9  # stage3_max_live_parameters default (the same file)
 
 
 def deepspeed_zero3_gathers(unit_numels: list[list[int]],
                             persistence_threshold: float = DEEPSPEED_PERSISTENCE_THRESHOLD,
-                            max_reuse_distance: float = DEEPSPEED_MAX_REUSE_DISTANCE) -> dict:
-    """What DeepSpeed's stage 3 all-gathers per step, from the parameters' element counts per unit (each
-    module holding parameters of its own, in forward order): the `exposed_comm_s` knobs `gathers` and
-    `gathered` (units and share of the parameter bytes gathered for forward), `regathers` and
-    `regathered` (the same for backward), and `persistent` (the share gathered once, after the step).
+                            max_reuse_distance: float = DEEPSPEED_MAX_REUSE_DISTANCE,
+                            prefetch_bucket: float = DEEPSPEED_PREFETCH_BUCKET,
+                            reduce_bucket: float = DEEPSPEED_REDUCE_BUCKET,
+                            max_live: float = DEEPSPEED_MAX_LIVE) -> dict:
+    """The collectives DeepSpeed's stage 3 issues per step, from the element counts of each module's own
+    parameters, every module in the order forward runs them (`model.modules()` for a model whose
+    forward calls its children in order; a container holds none of its own, `[]`, but still runs
+    its hooks): the `exposed_comm_s` knobs.
 
-    A parameter of at most the persistence threshold stays whole for forward and backward and is
-    gathered with the other such parameters in one collective after each optimizer step.  After unit
-    i's forward the coordinator walks the recorded order ahead, the later units' forward and then
-    their backward, and keeps unit i gathered when its backward comes before `max_reuse_distance`
-    elements have gone by: 2 S_i < distance, S_i the elements of the units after it."""
+    Its PartitionedParameterCoordinator (runtime/zero/partitioned_param_coordinator.py, 0.19.8) walks
+    the order the modules ran in the step before (forward, then backward in reverse), and this
+    replays it:
+    * A parameter of at most the persistence threshold (`ds_persist`) stays whole through forward and
+      backward.  After each optimizer step they are gathered again, one all-gather each
+      (`_post_step` in runtime/zero/stage3.py -> `_allgather_params_coalesced` in
+      partition_parameters.py launches one `all_gather_into_tensor` per parameter).
+    * `fetch_sub_module`: a module whose gathered parameters are not there yet fetches them (one
+      all-gather), then prefetches what comes next in the recorded order, up to the prefetch bucket
+      in elements and while fewer than `max_live` elements are gathered, in one all-gather
+      (`__all_gather_params` -> `all_gather_coalesced`, which flattens them into one tensor).
+    * `release_sub_module` frees a module's parameters after it runs, unless their next use comes
+      within `max_reuse_distance` elements of the modules that run in between (`__params_to_release`),
+      or a prefetch already ran past that use (the same function: "Don't release params whose reuse
+      was skipped by prefetch").
+    * Gradients are reduce-scattered in buckets of `reduce_bucket` elements; the step all-reduces the
+      gradient norm once (`_get_norm_groups` -> `get_grad_norm_direct`, stage3.py).
+
+    Returns `gathers`, `gathered` (all-gathers in forward, and the share of the parameter bytes they
+    move), `regathers`, `regathered` (the same in backward), `persistent` and `persistent_gathers`
+    (after the step), `scatters` and `norm_allreduces`."""
     total = sum(sum(unit) for unit in unit_numels)
     if total <= 0:
-        return {"gathers": 1, "gathered": 0.0, "regathers": 0, "regathered": 0.0, "persistent": 0.0}
+        return {"gathers": 0, "gathered": 0.0, "regathers": 0, "regathered": 0.0, "persistent": 0.0,
+                "persistent_gathers": 0, "scatters": 0, "norm_allreduces": 0}
     gathered = [sum(n for n in unit if n > persistence_threshold) for unit in unit_numels]
-    later = [sum(sum(unit) for unit in unit_numels[i + 1:]) for i in range(len(unit_numels))]
-    again = [g for g, s in zip(gathered, later) if g and not 2 * s < max_reuse_distance]
-    return {"gathers": max(1, sum(1 for g in gathered if g)), "gathered": sum(gathered) / total,
-            "regathers": len(again), "regathered": sum(again) / total, "persistent": 1 - sum(gathered) / total}
+    size = [sum(unit) for unit in unit_numels]
+    units = len(unit_numels)
+    order = list(range(units)) + list(reversed(range(units)))  # the recorded trace: forward, then backward
+    queue = [(u, step) for step, u in enumerate(order) if gathered[u]]
+    available, fetched_for, live = [False] * units, [-1] * units, 0
+    count, moved = [0, 0], [0.0, 0.0]  # forward, backward
+    for step, u in enumerate(order):
+        half = 0 if step < units else 1
+        if gathered[u] and not available[u]:  # its own fetch
+            available[u] = True
+            live += gathered[u]
+            count[half] += 1
+            moved[half] += gathered[u]
+        while queue and queue[0][0] == u and queue[0][1] <= step:  # its own uses leave the queue
+            fetched_for[u] = max(fetched_for[u], queue.pop(0)[1])
+        prefetched, most = 0, min(max_live - live, prefetch_bucket)
+        while queue and prefetched < most:
+            v, use = queue.pop(0)
+            fetched_for[v] = max(fetched_for[v], use)
+            if not available[v]:
+                available[v] = True
+                prefetched += gathered[v]
+        live += prefetched
+        if prefetched:
+            count[half] += 1
+            moved[half] += prefetched
+        # Release, unless a prefetch covered a later use or the next use is within the reuse distance.
+        later = [(step + 1 + i, v) for i, v in enumerate(order[step + 1:])]
+        between, reused = 0, False
+        for _, v in later:
+            if between >= max_reuse_distance:
+                break
+            if v == u:
+                reused = True
+                break
+            between += size[v]
+        if gathered[u] and fetched_for[u] <= step and not reused:
+            available[u] = False
+            live -= gathered[u]
+    persistent = [n for unit in unit_numels for n in unit if n <= persistence_threshold]
+    return {"gathers": count[0], "gathered": moved[0] / total, "regathers": count[1], "regathered": moved[1] / total,
+            "persistent": sum(persistent) / total, "persistent_gathers": len(persistent),
+            "scatters": math.ceil(total / reduce_bucket), "norm_allreduces": 1}
+
+
+def fsdp2_collectives(unit_numels: list[int], root_numel: int = 0) -> dict:
+    """The collectives FSDP2 issues per step for `fully_shard` units of these element counts (the root's
+    own parameters apart): the `exposed_comm_s` knobs.  Each unit is all-gathered before its forward
+    and, resharded after it (`reshard_after_forward=True`, the default for all but the root), again
+    before its backward; its gradients are reduce-scattered in its own post-backward
+    (`FSDPParamGroup.post_backward` -> `foreach_reduce`, torch/distributed/fsdp/_fully_shard/, torch 2.13)."""
+    units = sum(1 for n in unit_numels if n)
+    total = sum(unit_numels) + root_numel
+    if total <= 0:
+        return {"gathers": 0, "gathered": 0.0, "regathers": 0, "regathered": 0.0, "scatters": 0}
+    root = 1 if root_numel else 0  # gathered once: the root stays whole from forward to backward
+    return {"gathers": units + root, "gathered": 1.0, "regathers": units, "regathered": sum(unit_numels) / total,
+            "scatters": units + root}
 
 
 def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, backward_s: float,
                    bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
                    cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1, gather_link: Link | None = None,
                    scatter_link: Link | None = None, gathered: float = 1.0, regathers: int | None = None,
-                   regathered: float | None = None, persistent: float = 0.0) -> float:
+                   regathered: float | None = None, persistent: float = 0.0, persistent_gathers: int = 1,
+                   scatters: int = 1, norm_allreduces: int = 0) -> float:
     """Seconds per step that communication adds to the single-device step, for one strategy.
 
     `gather_link`, `scatter_link`: the sharded strategies' all-gather and reduce-scatter read from
     their own fits (`half_link_from_fit`) where the backend does not run them as half a ring (in a
     `scaledl bench predict` run here, Gloo's reduce-scatter of 16 MB on 2 ranks took 13.2 ms, about as
     long as the whole all-reduce's 13.9); else `link`.  ZeRO-3 and FSDP2 gather `gathered` of the
-    parameter bytes in `gathers` units for forward, and `regathered` of them in `regathers` units for
-    backward (by default all of them again, as the paper counts it), and `persistent` of them in one
-    collective after the optimizer step (`deepspeed_zero3_gathers` gives DeepSpeed's own)."""
+    parameter bytes in `gathers` collectives for forward, `regathered` of them in `regathers` for
+    backward (by default all of them again, as the paper counts it), and `persistent` of them in
+    `persistent_gathers` after the optimizer step; they reduce-scatter the gradients in `scatters`
+    collectives (FSDP2: one per unit, in its post-backward; DeepSpeed: per reduce bucket) and
+    all-reduce a few bytes `norm_allreduces` times (`deepspeed_zero3_gathers` gives DeepSpeed's own).
+    With the latency-bandwidth model only the number of collectives and the bytes they move matter,
+    so each pass's bytes are split evenly between its collectives."""
     if strategy in ("ddp", "ddp_no_overlap"):
         return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s,
                           strategy == "ddp" and link.overlaps)
@@ -219,10 +301,11 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
     if strategy in ("zero3", "fsdp2"):  # up to 3 Psi: parameters gathered for forward and again for backward, per unit
         regathers = gathers if regathers is None else regathers
         regathered = gathered if regathered is None else regathered
-        passes = [(gathers, gathered), (regathers, regathered), (1, persistent)]
-        return (reduce_scatter_s(grad_bytes, ranks, scatter_link or link)
+        passes = [(gathers, gathered), (regathers, regathered), (persistent_gathers, persistent)]
+        return (max(scatters, 1) * reduce_scatter_s(grad_bytes / max(scatters, 1), ranks, scatter_link or link)
                 + sum(units * all_gather_s(share * grad_bytes / units, ranks, gather_link or link)
-                      for units, share in passes if units > 0 and share > 0))
+                      for units, share in passes if units > 0 and share > 0)
+                + norm_allreduces * allreduce_s(8, ranks, link))
     raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
 
 

@@ -84,18 +84,18 @@ def measure(setting: dict, ranks: int, options: Options, index: int, copies: int
 
 
 def gather_knobs(model_name: str, variant: str) -> dict:
-    """What is gathered, one unit at a time, counted from the model's structure (not fitted to any
-    step time): the FSDP2 rung shards each top-level layer with weights (scaledl.ladder.fsdp.wrap)
-    and gathers each for forward and again for backward; DeepSpeed's stage 3 fetches each module
-    holding parameters of its own, minus what it keeps whole or keeps gathered
-    (scaledl.predict.deepspeed_zero3_gathers)."""
+    """What is gathered and scattered, in how many collectives, counted from the model's structure (not
+    fitted to any step time): the FSDP2 rung shards each top-level layer with weights
+    (scaledl.ladder.fsdp.wrap; scaledl.predict.fsdp2_collectives); DeepSpeed's stage 3 fetches and
+    prefetches along the modules' order (scaledl.predict.deepspeed_zero3_gathers).
+    tests/test_predict.py counts both in real steps."""
     from scaledl.bench.variants import model_and_batch
 
     model, _, _ = model_and_batch("cpu", 1, 0, 0, model_name)
     if variant == "fsdp":
-        return {"gathers": sum(1 for layer in model if any(True for _ in layer.parameters()))}
-    units = [[p.numel() for p in module.parameters(recurse=False)] for module in model.modules()]
-    return predict.deepspeed_zero3_gathers([unit for unit in units if unit])
+        return predict.fsdp2_collectives([sum(p.numel() for p in layer.parameters()) for layer in model])
+    return predict.deepspeed_zero3_gathers([[p.numel() for p in module.parameters(recurse=False)]
+                                            for module in model.modules()])
 
 
 def label(setting: dict) -> str:
