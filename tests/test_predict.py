@@ -129,6 +129,35 @@ def test_the_collectives_counted_in_real_steps_are_the_ones_predicted():
     assert (calls["forward all_gather"], calls["backward all_gather"], calls["backward reduce_scatter"]) == (
         knobs["gathers"], knobs["regathers"], knobs["scatters"]) == (5, 5, 5)
     assert counted["numel"]["forward all_gather"] == sum(counted["top_level"])
+    # Tensor parallelism, as the rung splits the transformer (2 blocks, width 64, 8 tokens, micro batch 4):
+    # 2 all-reduces a block forward and 4 backward, each of the block's activations.
+    counted = reports(run(launchers.torchrun(2, "collective_count_probe", ["tp", "transformer:64,2,4,8"]),
+                          timeout=300).stdout)[0]
+    knobs = predict.tensor_parallel_collectives(depth=2, micro_batch_size=4, seq_len=8, width=64)
+    calls, numel = counted["calls"], counted["numel"]
+    assert calls["forward all_reduce"] + calls["backward all_reduce"] == knobs["tp_allreduces"] == 12
+    assert (calls["forward all_reduce"], calls["backward all_reduce"]) == (4, 8)
+    assert numel["forward all_reduce"] + numel["backward all_reduce"] == 12 * knobs["activation_bytes"] / 4
+
+
+def test_tensor_parallel_splits_the_compute_and_all_reduces_activations():
+    # 2 blocks of width 256 on 32 tokens: split flops 2 x (72 w^2 + 12 L w) = 9,633,792 per token,
+    # the head 6 x 256 x 10 = 15,360.
+    assert predict.transformer_split_share(256, 2, 32) == pytest.approx(9_633_792 / 9_649_152)
+    knobs = predict.tensor_parallel_collectives(depth=2, micro_batch_size=8, seq_len=32, width=256)
+    assert knobs == {"tp_allreduces": 12, "activation_bytes": 8 * 32 * 256 * 4}
+    # 100 ms, 80% of it split over 2 ranks: 20 + 40 ms; 12 all-reduces of 1 MB, 2 x 10 us + 1 ms each.
+    assert predict.predict_step_s("tensor_parallel", 0.1, 0, 2, LINK, split_share=0.8, tp_allreduces=12,
+                                  activation_bytes=1e6) == pytest.approx(0.06 + 12 * 1.02e-3)
+    # A step already measured per rank (split_share 0) only gains the all-reduces.
+    assert predict.predict_step_s("tensor_parallel", 0.1, 0, 2, LINK, split_share=0.0, tp_allreduces=12,
+                                  activation_bytes=1e6) == pytest.approx(0.1 + 12 * 1.02e-3)
+    # Strong scaling: the ideal is 1/N of the step, and the other strategies ignore these knobs.
+    rows = predict.table(0.1, 10**6, link=LINK, ranks=(1, 2), strategies=("tensor_parallel", "ddp"),
+                         split_share=1.0, tp_allreduces=12, activation_bytes=1e6)
+    tp2 = next(r for r in rows if r["strategy"] == "tensor_parallel" and r["ranks"] == 2)
+    assert tp2["efficiency"] == pytest.approx(0.05 / (0.05 + 12 * 1.02e-3)) and tp2["comm_ms"] is None
+    assert next(r for r in rows if r["strategy"] == "ddp" and r["ranks"] == 2)["comm_ms"] > 0
 
 
 def test_ddp_buckets_with_and_without_overlap():
@@ -153,6 +182,11 @@ def test_a_link_that_cannot_overlap_pays_every_bucket():
     assert predict.exposed_comm_s("horovod", 60 * MIB, 2, busy, 1.0, fusion_bytes=30 * MIB) == pytest.approx(
         total + 2 * 0.5e-3)
     assert predict.link_from_fit({"alpha_s": 0.0, "beta_s_per_byte": 1e-9}, 2, overlaps=False).overlaps is False
+    # Only the first bucket is reached from compute: the other two queue behind it at the loop's cost,
+    # here no latency against 1 ms a ring step inside a step (2 ring steps on 2 ranks).
+    in_step = predict.Link(alpha_s=1e-3, bandwidth_Bps=1e9, overlaps=False)
+    assert predict.exposed_comm_s("ddp", 60 * MIB, 2, in_step, 0.0, bucket_link=busy) == pytest.approx(total + 2e-3)
+    assert predict.exposed_comm_s("ddp", 60 * MIB, 2, in_step, 0.0) == pytest.approx(total + 3 * 2e-3)
 
 
 def test_horovod_fusion_and_cycle():
@@ -242,6 +276,20 @@ def test_cli_from_a_comm_fit(tmp_path):
     assert (tmp_path / "out" / "eff.png").stat().st_size > 0 and "zero3" in done.stdout
 
 
+def test_cli_tensor_parallel_counts_its_activations_from_the_model(tmp_path):
+    done = scaledl_predict("--system", "polaris", "--step-ms", 40, "--model", "transformer:256,2,4,32", "--ranks",
+                           1, 2, 4, "--strategy", "tensor_parallel", "--micro-batch-size", 8,
+                           "--json", tmp_path / "rows.json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    knobs = {**predict.tensor_parallel_collectives(2, 8, 32, 256),
+             "split_share": predict.transformer_split_share(256, 2, 32)}
+    from scaledl import models
+    expected = predict.table(0.04, models.transformer_num_params(256, 2, 32), predict.POLARIS, ranks=[1, 2, 4],
+                             strategies=("tensor_parallel",), **knobs)
+    assert rows == expected and rows[1]["step_ms"] < 40  # the split compute outweighs 12 small all-reduces
+
+
 BAD = [
     (["--system", "polaris", "--step-ms", 0, "--params", 1e9], "--step-ms"),
     (["--system", "polaris", "--step-ms", "nan", "--params", 1e9], "--step-ms"),
@@ -257,6 +305,9 @@ BAD = [
     (["--system", "aurora", "--step-ms", 5, "--model", "transformer:1,2"], "--model"),
     (["--system", "aurora", "--step-ms", 5, "--params", 1e9, "--plot", "out/eff.txt"], "--plot"),
     (["--system", "aurora", "--step-ms", 5, "--params", 1e9, "--strategy", "magic"], "--strategy"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e9, "--strategy", "tensor_parallel"], "--model"),
+    (["--system", "polaris", "--step-ms", 5, "--model", "transformer", "--strategy", "tensor_parallel",
+      "--micro-batch-size", 0], "--micro-batch-size"),
 ]
 
 

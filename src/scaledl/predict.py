@@ -41,16 +41,30 @@ The model (each formula below cites where it comes from):
   `use_multi_rank_bucket_allreduce=True`), then all-gathers the updated parameters
   (`all_gather_dp_groups`): 3 Psi, predicted so here.  Only the number of collectives and the
   bytes they move enter the latency-bandwidth model: `gathers` collectives pay `gathers` alphas.
+* Tensor parallelism over t ranks (Megatron-LM's split, Shoeybi et al. 2019, arXiv:1909.08053,
+  sec. 3): each rank computes 1/t of the layers it splits and the rest whole, and all-reduces the
+  activations (micro batch x sequence x width) after each row-wise layer in forward and into each
+  column-wise layer's input in backward.  Megatron-LM's f operator shares one backward all-reduce
+  among q, k and v: 4 a block; PyTorch's ColwiseParallel gives each of q, k, v and the MLP's first
+  layer its own: 6 a block (`tensor_parallel_collectives`; torch/distributed/tensor/parallel/style.py,
+  torch 2.13).  Strong scaling: the ideal step is 1/t of the single-device one.
 * Pipeline with p stages and m micro batches: the bubble is (p-1)/(m+p-1) of the step
   (Huang et al., "GPipe", NeurIPS 2019, sec. 2.3; Narayanan et al., SC 2021, sec. 2.2.1).
 * Backward takes 2/3 of forward+backward unless measured: a layer's backward costs two matmuls
   for its forward's one (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, sec. 2.1:
   6N flops per token, 2N of them forward).
 
+Where its alpha and bandwidth come from matters as much as the formulas.  A collective that the
+ranks reach from compute, as a step reaches most of its collectives, waits for the rank whose compute
+ran slower this time and for a communication thread that slept through the compute; a collective in
+a loop after a barrier (`scaledl bench comm`, nccl-tests) pays neither.  `scaledl bench predict`
+therefore fits its links inside a synthetic step (scaledl.bench.prediction.fit_links), and keeps the
+loop's fit for what follows without compute between (DDP's later buckets: `bucket_link`; DeepSpeed's
+persistent parameters: `persistent_link`).
+
 What the model leaves out: compute slowed by communication sharing its memory, stragglers (unless
 the single-device step given is the slowest of N copies run side by side, as `scaledl bench predict`
-measures it; even then it counts one wait for the slower rank per step, while ZeRO-3 and FSDP2 wait
-at each of their per-unit collectives), FSDP2's copy of each rank's shard into the all-gather's input (1/N
+measures it), FSDP2's copy of each rank's shard into the all-gather's input (1/N
 of the bytes per gather; on one rank FSDP2 skips the all-gather but still copies every parameter into its
 unsharded buffer, and copies the whole gradient where N ranks reduce-scatter it: `if world_size == 1` in
 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py and `foreach_reduce` in _fsdp_collectives.py,
@@ -63,11 +77,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-STRATEGIES = ("ddp", "ddp_no_overlap", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline")
+STRATEGIES = ("ddp", "ddp_no_overlap", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline", "tensor_parallel")
 BACKWARD_FRACTION = 2 / 3
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25), torch/nn/parallel/distributed.py
 HOROVOD_FUSION_BYTES = 128 * 2**20  # horovodrun --fusion-threshold-mb default (horovod 0.28.1)
 HOROVOD_CYCLE_S = 1e-3  # horovodrun --cycle-time-ms default (horovod 0.28.1)
+TENSOR_PARALLEL_KNOBS = ("split_share", "tp_allreduces", "activation_bytes")
 
 
 @dataclass(frozen=True)
@@ -158,9 +173,12 @@ def chunks(total: float, size: float) -> list[float]:
 
 
 def bucketed_s(messages: list[float], ranks: int, link: Link, backward_s: float, overlap: bool,
-               wait_s: float = 0.0) -> float:
-    """Exposed time of all-reduces issued one after another as backward produces their gradients."""
-    each = [allreduce_s(m, ranks, link) + wait_s for m in messages]
+               wait_s: float = 0.0, later_link: Link | None = None) -> float:
+    """Exposed time of all-reduces issued one after another as backward produces their gradients.
+
+    `later_link`: where it differs, what the buckets after the first cost: they queue behind it on the
+    communication thread, with no compute between them there (a fit in a loop, not inside a step)."""
+    each = [allreduce_s(m, ranks, link if i == 0 else later_link or link) + wait_s for i, m in enumerate(messages)]
     if not each or ranks <= 1:
         return 0.0
     total = sum(each)
@@ -271,12 +289,33 @@ def fsdp2_collectives(unit_numels: list[int], root_numel: int = 0) -> dict:
             "scatters": units + root}
 
 
+def tensor_parallel_collectives(depth: int, micro_batch_size: int, seq_len: int, width: int,
+                                bytes_per_value: int = 4, per_block: int = 6) -> dict:
+    """The all-reduces of one tensor-parallel step of `depth` transformer blocks: `per_block` of them a
+    block (6 as scaledl's tensor-parallel rung runs it with ColwiseParallel and RowwiseParallel: 2 in
+    forward, after the attention's output and the MLP's second layer; 4 in backward, into q, k, v and
+    the MLP's first layer; 4 in Megatron-LM), each of the block's activations."""
+    return {"tp_allreduces": per_block * depth,
+            "activation_bytes": micro_batch_size * seq_len * width * bytes_per_value}
+
+
+def transformer_split_share(width: int, depth: int, seq_len: int, num_classes: int = 10) -> float:
+    """The share of a transformer's flops in the layers tensor parallelism splits: every block's q, k, v,
+    output and MLP weights (12 w^2 a block, 6 flops per weight per token: Kaplan et al. 2020, sec. 2.1)
+    and its attention over the sequence (per token, 2 x 2 L w forward, split by heads), against those
+    plus the head (w x classes per token).  Embedding lookups, norms and the loss are left out: few
+    flops, but on a CPU with small layers their time is not, so measure where you can."""
+    split = depth * (6 * 12 * width * width + 3 * 4 * seq_len * width)
+    return split / (split + 6 * width * num_classes)
+
+
 def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, backward_s: float,
                    bucket_bytes: float = DDP_BUCKET_BYTES, fusion_bytes: float = HOROVOD_FUSION_BYTES,
                    cycle_s: float = HOROVOD_CYCLE_S, gathers: int = 1, gather_link: Link | None = None,
                    scatter_link: Link | None = None, gathered: float = 1.0, regathers: int | None = None,
                    regathered: float | None = None, persistent: float = 0.0, persistent_gathers: int = 1,
-                   scatters: int = 1, norm_allreduces: int = 0) -> float:
+                   scatters: int = 1, norm_allreduces: int = 0, persistent_link: Link | None = None,
+                   bucket_link: Link | None = None) -> float:
     """Seconds per step that communication adds to the single-device step, for one strategy.
 
     `gather_link`, `scatter_link`: the sharded strategies' all-gather and reduce-scatter read from
@@ -285,14 +324,15 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
     long as the whole all-reduce's 13.9); else `link`.  ZeRO-3 and FSDP2 gather `gathered` of the
     parameter bytes in `gathers` collectives for forward, `regathered` of them in `regathers` for
     backward (by default all of them again, as the paper counts it), and `persistent` of them in
-    `persistent_gathers` after the optimizer step; they reduce-scatter the gradients in `scatters`
+    `persistent_gathers` after the optimizer step (issued one after another: `persistent_link`, where
+    a fit in a loop differs from one inside a step); they reduce-scatter the gradients in `scatters`
     collectives (FSDP2: one per unit, in its post-backward; DeepSpeed: per reduce bucket) and
     all-reduce a few bytes `norm_allreduces` times (`deepspeed_zero3_gathers` gives DeepSpeed's own).
     With the latency-bandwidth model only the number of collectives and the bytes they move matter,
     so each pass's bytes are split evenly between its collectives."""
-    if strategy in ("ddp", "ddp_no_overlap"):
+    if strategy in ("ddp", "ddp_no_overlap"):  # `bucket_link`: DDP's buckets after the first (`bucketed_s`)
         return bucketed_s(chunks(grad_bytes, bucket_bytes), ranks, link, backward_s,
-                          strategy == "ddp" and link.overlaps)
+                          strategy == "ddp" and link.overlaps, later_link=bucket_link)
     if strategy == "horovod":
         return bucketed_s(chunks(grad_bytes, fusion_bytes or grad_bytes), ranks, link, backward_s, link.overlaps,
                           cycle_s / 2 if ranks > 1 else 0.0)
@@ -301,10 +341,12 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
     if strategy in ("zero3", "fsdp2"):  # up to 3 Psi: parameters gathered for forward and again for backward, per unit
         regathers = gathers if regathers is None else regathers
         regathered = gathered if regathered is None else regathered
-        passes = [(gathers, gathered), (regathers, regathered), (persistent_gathers, persistent)]
+        gather = gather_link or link
+        passes = [(gathers, gathered, gather), (regathers, regathered, gather),
+                  (persistent_gathers, persistent, persistent_link or gather)]
         return (max(scatters, 1) * reduce_scatter_s(grad_bytes / max(scatters, 1), ranks, scatter_link or link)
-                + sum(units * all_gather_s(share * grad_bytes / units, ranks, gather_link or link)
-                      for units, share in passes if units > 0 and share > 0)
+                + sum(units * all_gather_s(share * grad_bytes / units, ranks, passes_link)
+                      for units, share, passes_link in passes if units > 0 and share > 0)
                 + norm_allreduces * allreduce_s(8, ranks, link))
     raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
 
@@ -321,10 +363,20 @@ def pipeline_step_s(step_s: float, stages: int, micro_batches: int) -> float:
 
 def predict_step_s(strategy: str, step_s: float, grad_bytes: float, ranks: int, link: Link,
                    backward_fraction: float = BACKWARD_FRACTION, micro_batches: int = 8, **knobs) -> float:
-    """Predicted seconds per step at `ranks` from the measured single-device `step_s`."""
+    """Predicted seconds per step at `ranks` from the measured single-device `step_s`.
+
+    Tensor parallelism takes `split_share` (the share of `step_s` in the layers it splits;
+    `transformer_split_share`), `tp_allreduces` and `activation_bytes` (`tensor_parallel_collectives`).
+    Where `step_s` is already one rank's step at that degree, measured without communication (as
+    `scaledl bench predict` measures it), pass `split_share=0`."""
     if strategy == "pipeline":  # ranks are the stages: the same batch, split by layers
         return pipeline_step_s(step_s, ranks, micro_batches)
-    return step_s + exposed_comm_s(strategy, grad_bytes, ranks, link, step_s * backward_fraction, **knobs)
+    if strategy == "tensor_parallel":  # ranks are the TP degree: the same batch, each layer split
+        share = knobs.get("split_share", 1.0)
+        compute = step_s * (1 - share + share / ranks)
+        return compute + knobs.get("tp_allreduces", 0) * allreduce_s(knobs.get("activation_bytes", 0.0), ranks, link)
+    others = {k: v for k, v in knobs.items() if k not in TENSOR_PARALLEL_KNOBS}
+    return step_s + exposed_comm_s(strategy, grad_bytes, ranks, link, step_s * backward_fraction, **others)
 
 
 def table(step_s: float, num_params: int, system: System | None = None, link: Link | None = None,
@@ -343,10 +395,11 @@ def table(step_s: float, num_params: int, system: System | None = None, link: Li
         for n in ranks:
             chosen = link or link_for(n, system)
             t = predict_step_s(strategy, step_s, grad_bytes, n, chosen, **knobs)
-            work = step_s if strategy != "pipeline" else step_s / n  # ideal: the work per rank, nothing else
+            split = strategy in ("pipeline", "tensor_parallel")  # one batch split across the ranks
+            work = step_s / n if split else step_s  # ideal: the work per rank, nothing else
             rows.append({"strategy": strategy, "ranks": n,
                          "nodes": math.ceil(n / system.ranks_per_node) if system else None,
-                         "step_ms": t * 1e3, "comm_ms": (t - step_s) * 1e3 if strategy != "pipeline" else None,
+                         "step_ms": t * 1e3, "comm_ms": None if split else (t - step_s) * 1e3,
                          "efficiency": work / t})
     return rows
 

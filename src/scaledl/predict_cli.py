@@ -80,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gathers", type=_positive(int), default=1,
                         help="ZeRO-3/FSDP2: units gathered one at a time per pass (layers or modules)")
     parser.add_argument("--micro-batches", type=_positive(int), default=8, help="pipeline micro batches per step")
+    parser.add_argument("--micro-batch-size", type=_positive(int), default=8,
+                        help="tensor_parallel: sequences per step (its activations' size, with --model)")
     parser.add_argument("--plot", type=Path, help="write the efficiency figure here (.png)")
     parser.add_argument("--json", type=Path, help="write the rows here")
 
@@ -166,9 +168,20 @@ def resolve(args) -> dict:
             predict.Link(args.alpha_us * 1e-6, args.bandwidth_gbps * 1e9, "--alpha-us/--bandwidth-gbps"))
     ranks = ([n * system.ranks_per_node for n in args.nodes] if args.nodes else
              args.ranks or [2**i for i in range(9)])
+    split = {}
+    if "tensor_parallel" in args.strategy:
+        if not (args.model or "").startswith("transformer"):
+            raise InputError("--strategy tensor_parallel needs --model transformer:WIDTH,DEPTH,HEADS,SEQ_LEN "
+                             "(its layers' activations are what it all-reduces)")
+        from scaledl.bench.variants import transformer_sizes
+
+        sizes = transformer_sizes(args.model)
+        split = {**predict.tensor_parallel_collectives(sizes["depth"], args.micro_batch_size, sizes["seq_len"],
+                                                       sizes["width"], args.bytes_per_param),
+                 "split_share": predict.transformer_split_share(sizes["width"], sizes["depth"], sizes["seq_len"])}
     return {"step_s": args.step_ms / 1e3 if args.step_ms else step_from_json(args.step_json),
             "num_params": int(args.params) if args.params else count_params(args.model),
-            "system": system, "link": link, "ranks": sorted(set(ranks))}
+            "system": system, "link": link, "ranks": sorted(set(ranks)), "tensor_parallel": split}
 
 
 def run(args) -> int:
@@ -181,7 +194,7 @@ def run(args) -> int:
         print(f"scaledl predict: error: {error}", file=sys.stderr)
         return 2
     knobs = {"bucket_bytes": args.bucket_mb * 2**20, "fusion_bytes": args.fusion_mb * 2**20,
-             "cycle_s": args.cycle_ms / 1e3, "gathers": args.gathers}
+             "cycle_s": args.cycle_ms / 1e3, "gathers": args.gathers, **inputs["tensor_parallel"]}
     rows = predict.table(inputs["step_s"], inputs["num_params"], inputs["system"], inputs["link"], inputs["ranks"],
                          tuple(args.strategy), args.bytes_per_param, backward_fraction=args.backward_fraction,
                          micro_batches=args.micro_batches, **knobs)

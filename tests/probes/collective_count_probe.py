@@ -2,6 +2,7 @@
 they move; report them with the model's parameters per module (in `model.modules()` order).
 
     collective_count_probe.py fsdp transformer:256,2,4,32        # the FSDP2 rung's wrap
+    collective_count_probe.py tp transformer:64,2,4,8             # the tensor-parallel rung's wrap
     collective_count_probe.py zero3 64,400,400,64 '{"stage3_prefetch_bucket_size": 0}' '{}' ...
 
 For zero3 the model is a Sequential of Linear layers of those widths, built into the DeepSpeed
@@ -15,6 +16,7 @@ from collections import Counter
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from report import report
@@ -40,6 +42,17 @@ def counting(name):
 for name in COLLECTIVES:
     if hasattr(dist, name):
         setattr(dist, name, counting(name))
+functional_all_reduce = funcol.all_reduce
+
+
+def counted_all_reduce(tensor, *args, **kwargs):
+    """DTensor (tensor parallelism) reduces through the functional collectives, looked up at each call too."""
+    calls[f"{phase[0]} all_reduce"] += 1
+    numel[f"{phase[0]} all_reduce"] += tensor.numel()
+    return functional_all_reduce(tensor, *args, **kwargs)
+
+
+funcol.all_reduce = counted_all_reduce
 
 from scaledl import Config, distributed  # noqa: E402  (after the counting wrappers are in place)
 
@@ -75,6 +88,23 @@ if variant == "fsdp":
 
     count(lambda: F.cross_entropy(wrapped(x), y), backward, optimizer.step)
     report(rank=setup.rank, world_size=setup.world_size, top_level=top_level, calls=dict(calls), numel=dict(numel))
+elif variant == "tp":
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scaledl.bench.variants import model_and_batch
+    from scaledl.ladder import tensor_parallel
+
+    model, x, y = model_and_batch(setup.device, 4, 0, 0, model_arg)
+    mesh = init_device_mesh(setup.device.type, (setup.world_size,), mesh_dim_names=("tp",))
+    wrapped = tensor_parallel.wrap(model, setup.device, mesh)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01, foreach=False)
+
+    def backward(loss):
+        optimizer.zero_grad()
+        loss.backward()
+
+    count(lambda: F.cross_entropy(wrapped(x), y), backward, optimizer.step)
+    report(rank=setup.rank, world_size=setup.world_size, micro_batch_size=4, calls=dict(calls), numel=dict(numel))
 else:
     from scaledl.ladder import deepspeed as deepspeed_rung
 

@@ -5,8 +5,9 @@
 
 `steps` times one variant's training steps; `serve` builds a variant once and then times a
 block of N steps each time it reads "N" on stdin (the overhead suite interleaves variants
-that way); `comm` times collectives and DDP bucket sizes; `fusion` times Horovod's fusion
-thresholds; `memory` counts ZeRO's bytes per rank at every stage.
+that way); `comm` times collectives (after a barrier, and with --in-step also between the layers
+of a step) and DDP bucket sizes; `fusion` times Horovod's fusion thresholds; `memory` counts
+ZeRO's bytes per rank at every stage.
 """
 from __future__ import annotations
 
@@ -60,13 +61,31 @@ def write_result(path: str | None, rank: int, result: dict) -> None:
 def steps(args) -> None:
     from scaledl.bench import variants
 
+    if args.no_comm:
+        skip_all_reduces()
     variant = variants.build(args.variant, args.micro_batch_size, args.threads, args.bucket_cap_mb,
                              model_name=args.model)
     laps = time_steps(variant, args.steps, args.warmup, (args.together, args.copies) if args.together else None)
+    if args.no_comm and variant.world_size > 1:  # no collective kept the ranks together: a step is the slowest's
+        import torch.distributed as dist
+
+        every = [None] * variant.world_size
+        dist.all_gather_object(every, laps)
+        laps = [max(step) for step in zip(*every)]
     write_result(args.out, variant.rank, {"variant": args.variant, "world_size": variant.world_size,
                                           "micro_batch_size": args.micro_batch_size, "threads": args.threads,
                                           "model": args.model, "num_params": variant.num_params,
                                           "device": str(variant.device), "laps": laps})
+
+
+def skip_all_reduces() -> None:
+    """Tensor parallelism's step without its communication: every all-reduce that DTensor issues
+    (torch.distributed._functional_collectives.all_reduce, looked up at each call) returns its
+    input, so each rank computes what it computes in the real step and moves nothing.  The numbers
+    it trains on are wrong; its time is the compute a prediction adds the communication to."""
+    import torch.distributed._functional_collectives as funcol
+
+    funcol.all_reduce = lambda tensor, *args, **kwargs: tensor
 
 
 def serve(args) -> None:
@@ -100,6 +119,16 @@ def comm(args) -> None:
         "reducescatter": (lambda full, part: dist.reduce_scatter_tensor(part, full), True),
     }
     results = time_collectives(collectives, args, setup.world_size, setup.device)
+    in_step = None
+    if args.in_step:
+        import torch.distributed._functional_collectives as funcol
+
+        group = dist.group.WORLD
+        in_step = time_collectives_in_step({
+            **{name: collectives[name] for name in IN_STEP_COLLECTIVES},
+            # DTensor's (tensor parallelism's) all-reduce: the functional collective, output allocated, then waited
+            "allreduce_functional": (lambda full, part: funcol.wait_tensor(funcol.all_reduce(full, "sum", group)),
+                                     False)}, args, setup.world_size, setup.device)
     models = {mb: variants.build("ddp", args.micro_batch_size, args.threads, bucket_cap_mb=mb)
               for mb in args.bucket_sizes_mb}
     buckets = {mb: [] for mb in args.bucket_sizes_mb}
@@ -108,6 +137,7 @@ def comm(args) -> None:
             buckets[mb] += time_steps(models[mb], args.steps, args.warmup if round_index == 0 else 1)
     write_result(args.out, setup.rank, {"world_size": setup.world_size, "device": str(setup.device),
                                         "backend": setup.backend, "collectives": results,
+                                        "collectives_in_step": in_step,
                                         "ddp_buckets": [{"bucket_cap_mb": mb, "laps": laps}
                                                         for mb, laps in buckets.items()]})
     distributed.teardown()
@@ -135,6 +165,54 @@ def time_collectives(collectives: dict, args, world_size: int, device) -> dict:
                 synchronize(device)
                 if i >= args.warmup:
                     laps.append(time.perf_counter() - start)
+            results[name].append({"bytes": count * 4, "laps": laps})
+    return results
+
+
+IN_STEP_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+IN_STEP_LAYERS, IN_STEP_WIDTH, IN_STEP_BATCH = 8, 256, 256  # about 1 ms of compute per layer on one CPU core
+
+
+def time_collectives_in_step(collectives: dict, args, world_size: int, device) -> dict:
+    """Per collective, per size: what one call adds to a training step when a rank reaches it from
+    compute, as FSDP2 and tensor parallelism reach theirs (between layers) and DDP its buckets.
+
+    A step of a small synthetic model (IN_STEP_LAYERS linear layers, forward and backward) is timed
+    with a blocking collective after each layer's forward and without, alternately; each lap is
+    (with - without) / IN_STEP_LAYERS.  Unlike a loop of collectives after a barrier, this holds
+    the wait for the peer that arrives later (its compute ran slower this time) and the wake-up of
+    the communication thread that slept through the compute."""
+    import torch
+
+    from scaledl.timing import synchronize
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(IN_STEP_WIDTH, IN_STEP_WIDTH).to(device) for _ in range(IN_STEP_LAYERS)]
+    x = torch.randn(IN_STEP_BATCH, IN_STEP_WIDTH, device=device)
+
+    def step(collective=None, full=None, part=None) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        h = x
+        for layer in layers:
+            h = torch.relu(layer(h))
+            if collective:
+                collective(full, part)
+        h.sum().backward()
+        synchronize(device)
+        return time.perf_counter() - start
+
+    results = {name: [] for name in collectives}
+    for size in args.sizes:
+        for name, (collective, sharded) in collectives.items():
+            count = max(1, size // 4 // world_size) * world_size if sharded else max(1, size // 4)
+            full = torch.ones(count, device=device)
+            part = torch.ones(count // world_size if sharded else 1, device=device)
+            laps = []
+            for i in range(args.warmup + args.iters):
+                without, with_ = step(), step(collective, full, part)
+                if i >= args.warmup:
+                    laps.append((with_ - without) / IN_STEP_LAYERS)
             results[name].append({"bytes": count * 4, "laps": laps})
     return results
 
@@ -202,6 +280,10 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket size (steps)")
     parser.add_argument("--bucket-sizes-mb", type=float, nargs="+", default=[25.0], help="DDP bucket sweep (comm)")
     parser.add_argument("--thresholds", type=int, nargs="+", default=[64 * 2**20])
+    parser.add_argument("--no-comm", action="store_true",
+                        help="steps, tensor_parallel: skip the all-reduces (the compute alone)")
+    parser.add_argument("--in-step", action="store_true",
+                        help="comm: also time each collective inside a synthetic training step")
     parser.add_argument("--together", help="a folder: time the steps only once --copies copies are warm (steps)")
     parser.add_argument("--copies", type=int, default=1)
     parser.add_argument("--out")
@@ -211,6 +293,10 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.no_comm and args.variant != "tensor_parallel":
+        print(f"worker: error: --no-comm skips tensor parallelism's all-reduces; variant {args.variant} "
+              "would stop at its first collective or train apart", file=sys.stderr)
+        return 2
     globals()[args.mode](args)
     return 0
 
