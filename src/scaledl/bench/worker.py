@@ -170,7 +170,7 @@ def time_collectives(collectives: dict, args, world_size: int, device) -> dict:
 
 
 IN_STEP_COLLECTIVES = ("allreduce", "allgather", "reducescatter")
-IN_STEP_LAYERS, IN_STEP_WIDTH, IN_STEP_BATCH = 8, 256, 256  # about 1 ms of compute per layer on one CPU core
+IN_STEP_LAYERS, IN_STEP_WIDTH, IN_STEP_BATCH = 8, 256, 256  # under 1 ms of compute per layer on one CPU core
 
 
 def time_collectives_in_step(collectives: dict, args, world_size: int, device) -> dict:
