@@ -90,37 +90,45 @@ def test_fsdp2_gathers_each_unit_twice_and_scatters_it_once():
 # DeepSpeed's stage 3 settings, as the probe's JSON names them, and as deepspeed_zero3_gathers takes them.
 ZERO3_SETTINGS = {"stage3_param_persistence_threshold": "persistence_threshold",
                   "stage3_prefetch_bucket_size": "prefetch_bucket", "stage3_max_reuse_distance": "max_reuse_distance",
-                  "stage3_max_live_parameters": "max_live"}
+                  "stage3_max_live_parameters": "max_live", "reduce_bucket_size": "reduce_bucket"}
+
+
+ZERO3_CASES = {
+    "defaults": '{}',  # the prefetch gathers everything in one collective; small parameters persist
+    "fetch module by module, free after forward": '{"stage3_param_persistence_threshold": 1000, '
+    '"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}',
+    "stop prefetching at max_live": '{"stage3_param_persistence_threshold": 1000, "stage3_prefetch_bucket_size": '
+    '200000, "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 400000}',
+    "keep what comes back within 300k elements": '{"stage3_param_persistence_threshold": 1000, '
+    '"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 300000}',
+    "the same, prefetching": '{"stage3_param_persistence_threshold": 1000, "stage3_max_reuse_distance": 300000}',
+    "a prefetch that stops inside a module": '{"stage3_param_persistence_threshold": 0, '
+    '"stage3_prefetch_bucket_size": 100000, "stage3_max_reuse_distance": 0}',
+    "small reduce buckets": '{"reduce_bucket_size": 170000}',
+}
 
 
 def test_the_collectives_counted_in_real_steps_are_the_ones_predicted():
     # Real 2-rank steps, every torch.distributed collective counted by phase (tests/probes/
-    # collective_count_probe.py).  DeepSpeed's stage 3 on five Linear layers under its defaults (its
-    # prefetch gathers everything in one collective; the small parameters persist, one gather each
-    # after the step), then with settings that make it fetch module by module, free each module after
-    # its forward, and stop prefetching at max_live.
-    widths = "64,400,400,400,400,64"
-    settings = ['{}',
-                '{"stage3_param_persistence_threshold": 1000, "stage3_prefetch_bucket_size": 0, '
-                '"stage3_max_reuse_distance": 0}',
-                '{"stage3_param_persistence_threshold": 1000, "stage3_prefetch_bucket_size": 200000, '
-                '"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 400000}']
-    found = [r for r in reports(run(launchers.torchrun(2, "collective_count_probe", ["zero3", widths, *settings]),
-                                    timeout=300).stdout) if r["rank"] == 0]
-    assert len(found) == len(settings)
-    for counted in found:
-        knobs = predict.deepspeed_zero3_gathers(counted["units"], **{
+    # collective_count_probe.py).  DeepSpeed's stage 3 on five Linear layers, under settings that
+    # move each of its rules; each count is the whole set of collectives of the step.
+    found = [r for r in reports(run(launchers.torchrun(2, "collective_count_probe", [
+        "zero3", "64,400,400,400,400,64", *ZERO3_CASES.values()]), timeout=300).stdout) if r["rank"] == 0]
+    assert len(found) == len(ZERO3_CASES)
+    for case, counted in zip(ZERO3_CASES, found):
+        knobs = predict.deepspeed_zero3_gathers(counted["units"], backward_order=counted["backward_order"], **{
             ZERO3_SETTINGS[name]: value for name, value in counted["settings"].items()})
         total = sum(map(sum, counted["units"]))
-        calls, numel = counted["calls"], counted["numel"]
-        assert (calls["forward all_gather"], calls.get("backward all_gather", 0), calls["step all_gather"]) == (
-            knobs["gathers"], knobs["regathers"], knobs["persistent_gathers"]), counted
-        assert (calls["backward reduce_scatter"], calls["step all_reduce"]) == (knobs["scatters"],
-                                                                                knobs["norm_allreduces"])
-        assert numel["forward all_gather"] == pytest.approx(knobs["gathered"] * total)
-        assert numel.get("backward all_gather", 0) == pytest.approx(knobs["regathered"] * total)
-        assert numel["step all_gather"] == pytest.approx(knobs["persistent"] * total)
-    assert [r["calls"]["forward all_gather"] for r in found] == [1, 5, 3]  # the three settings differ
+        expected = {"forward all_gather": knobs["gathers"], "backward all_gather": knobs["regathers"],
+                    "step all_gather": knobs["persistent_gathers"], "backward reduce_scatter": knobs["scatters"],
+                    "step all_reduce": knobs["norm_allreduces"]}
+        assert counted["calls"] == {k: v for k, v in expected.items() if v}, (case, knobs)
+        numel = counted["numel"]
+        assert numel.get("forward all_gather", 0) == pytest.approx(knobs["gathered"] * total), case
+        assert numel.get("backward all_gather", 0) == pytest.approx(knobs["regathered"] * total), case
+        assert numel.get("step all_gather", 0) == pytest.approx(knobs["persistent"] * total), case
+    # The settings do move the counts.
+    assert len({json.dumps(r["calls"], sort_keys=True) for r in found}) >= 5
     # FSDP2, as the rung wraps the transformer: each of its 5 layers gathered twice and scattered once.
     counted = reports(run(launchers.torchrun(2, "collective_count_probe", ["fsdp", "transformer:64,2,4,8"]),
                           timeout=300).stdout)[0]
@@ -152,6 +160,9 @@ def test_tensor_parallel_splits_the_compute_and_all_reduces_activations():
     # A step already measured per rank (split_share 0) only gains the all-reduces.
     assert predict.predict_step_s("tensor_parallel", 0.1, 0, 2, LINK, split_share=0.0, tp_allreduces=12,
                                   activation_bytes=1e6) == pytest.approx(0.1 + 12 * 1.02e-3)
+    # Without its knobs it refuses, rather than predict a split with no communication.
+    with pytest.raises(ValueError, match="tp_allreduces"):
+        predict.predict_step_s("tensor_parallel", 0.1, 0, 2, LINK, split_share=0.5)
     # Strong scaling: the ideal is 1/N of the step, and the other strategies ignore these knobs.
     rows = predict.table(0.1, 10**6, link=LINK, ranks=(1, 2), strategies=("tensor_parallel", "ddp"),
                          split_share=1.0, tp_allreduces=12, activation_bytes=1e6)
@@ -306,6 +317,8 @@ BAD = [
     (["--system", "aurora", "--step-ms", 5, "--params", 1e9, "--plot", "out/eff.txt"], "--plot"),
     (["--system", "aurora", "--step-ms", 5, "--params", 1e9, "--strategy", "magic"], "--strategy"),
     (["--system", "polaris", "--step-ms", 5, "--params", 1e9, "--strategy", "tensor_parallel"], "--model"),
+    (["--system", "polaris", "--step-ms", 5, "--model", "transformer:64,2,4,8", "--strategy", "tensor_parallel"],
+     "heads"),  # the default ranks reach 256, over 4 heads
     (["--system", "polaris", "--step-ms", 5, "--model", "transformer", "--strategy", "tensor_parallel",
       "--micro-batch-size", 0], "--micro-batch-size"),
 ]

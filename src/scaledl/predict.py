@@ -1,4 +1,4 @@
-"""Predict a data-parallel step before measuring it: compute plus the communication left exposed.
+"""Predict a training step before measuring it: compute plus the communication left exposed.
 
 The model (each formula below cites where it comes from):
 
@@ -70,11 +70,13 @@ unsharded buffer, and copies the whole gradient where N ranks reduce-scatter it:
 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py and `foreach_reduce` in _fsdp_collectives.py,
 torch 2.13, so the single-device step holds the other copies),
 framework work per step (measured at world size 1, so it is in the single-device step), and
-collectives other than ring (trees, NVLink SHARP).  Weak scaling: the micro batch per rank is fixed.
+collectives other than ring (trees, NVLink SHARP).  Data parallelism scales weakly (the micro batch per rank
+is fixed); pipeline and tensor parallelism strongly (one batch split across the ranks).
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 STRATEGIES = ("ddp", "ddp_no_overlap", "horovod", "zero1", "zero2", "zero3", "fsdp2", "pipeline", "tensor_parallel")
@@ -83,6 +85,7 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel(bucket_cap_mb=25), torc
 HOROVOD_FUSION_BYTES = 128 * 2**20  # horovodrun --fusion-threshold-mb default (horovod 0.28.1)
 HOROVOD_CYCLE_S = 1e-3  # horovodrun --cycle-time-ms default (horovod 0.28.1)
 TENSOR_PARALLEL_KNOBS = ("split_share", "tp_allreduces", "activation_bytes")
+SPLIT = ("pipeline", "tensor_parallel")  # one batch split across the ranks: strong scaling
 
 
 @dataclass(frozen=True)
@@ -197,29 +200,36 @@ def deepspeed_zero3_gathers(unit_numels: list[list[int]],
                             max_reuse_distance: float = DEEPSPEED_MAX_REUSE_DISTANCE,
                             prefetch_bucket: float = DEEPSPEED_PREFETCH_BUCKET,
                             reduce_bucket: float = DEEPSPEED_REDUCE_BUCKET,
-                            max_live: float = DEEPSPEED_MAX_LIVE) -> dict:
+                            max_live: float = DEEPSPEED_MAX_LIVE, backward_order: list[int] | None = None,
+                            param_groups: int = 1) -> dict:
     """The collectives DeepSpeed's stage 3 issues per step, from the element counts of each module's own
-    parameters, every module in the order forward runs them (`model.modules()` for a model whose
-    forward calls its children in order; a container holds none of its own, `[]`, but still runs
-    its hooks): the `exposed_comm_s` knobs.
+    parameters (each parameter once: a tied weight in one module only), every module in the order
+    forward enters them (`model.modules()` for a model whose forward calls its children in order; a
+    container holds none of its own, `[]`, but still runs its hooks): the `exposed_comm_s` knobs.
+    `backward_order`: the modules' indices in the order backward reaches them, the reverse of the
+    order forward leaves them (`module_orders`); by default the reverse of forward, right for a
+    root over leaves.
 
     Its PartitionedParameterCoordinator (runtime/zero/partitioned_param_coordinator.py, 0.19.8) walks
-    the order the modules ran in the step before (forward, then backward in reverse), and this
-    replays it:
+    the order the modules ran in the step before, parameter by parameter, and this replays it:
     * A parameter of at most the persistence threshold (`ds_persist`) stays whole through forward and
       backward.  After each optimizer step they are gathered again, one all-gather each
       (`_post_step` in runtime/zero/stage3.py -> `_allgather_params_coalesced` in
       partition_parameters.py launches one `all_gather_into_tensor` per parameter).
-    * `fetch_sub_module`: a module whose gathered parameters are not there yet fetches them (one
-      all-gather), then prefetches what comes next in the recorded order, up to the prefetch bucket
-      in elements and while fewer than `max_live` elements are gathered, in one all-gather
-      (`__all_gather_params` -> `all_gather_coalesced`, which flattens them into one tensor).
+    * `fetch_sub_module`: a module whose parameters are not all there yet fetches the rest (one
+      all-gather), then prefetches the parameters that come next in the recorded order, adding them
+      until the collective holds at least the prefetch bucket in elements (or `max_live` elements
+      are gathered), in one all-gather (`__all_gather_params` -> `all_gather_coalesced`, which
+      flattens them into one tensor).
     * `release_sub_module` frees a module's parameters after it runs, unless their next use comes
-      within `max_reuse_distance` elements of the modules that run in between (`__params_to_release`),
-      or a prefetch already ran past that use (the same function: "Don't release params whose reuse
-      was skipped by prefetch").
-    * Gradients are reduce-scattered in buckets of `reduce_bucket` elements; the step all-reduces the
-      gradient norm once (`_get_norm_groups` -> `get_grad_norm_direct`, stage3.py).
+      within `max_reuse_distance` elements of the modules that run in between, or a prefetch already
+      ran past it (`__params_to_release`: "Don't release params whose reuse was skipped by prefetch").
+      Its step counter has moved on by then, so a prefetch that covered only the next module's use
+      does not keep it.
+    * Gradients are reduce-scattered in buckets: a bucket goes out when the next parameter, in the
+      order backward produces them, would take it over `reduce_bucket` elements
+      (`reduce_independent_p_g_buckets_and_remove_grads`, stage3.py); the step all-reduces the
+      gradient norm once per parameter group (`_get_norm_groups` -> `get_grad_norm_direct`, stage3.py).
 
     Returns `gathers`, `gathered` (all-gathers in forward, and the share of the parameter bytes they
     move), `regathers`, `regathered` (the same in backward), `persistent` and `persistent_gathers`
@@ -228,50 +238,96 @@ def deepspeed_zero3_gathers(unit_numels: list[list[int]],
     if total <= 0:
         return {"gathers": 0, "gathered": 0.0, "regathers": 0, "regathered": 0.0, "persistent": 0.0,
                 "persistent_gathers": 0, "scatters": 0, "norm_allreduces": 0}
-    gathered = [sum(n for n in unit if n > persistence_threshold) for unit in unit_numels]
+    params = [(u, n) for u, unit in enumerate(unit_numels) for n in unit if n > persistence_threshold]
+    owned = [[p for p, (owner, _) in enumerate(params) if owner == u] for u in range(len(unit_numels))]
     size = [sum(unit) for unit in unit_numels]
     units = len(unit_numels)
-    order = list(range(units)) + list(reversed(range(units)))  # the recorded trace: forward, then backward
-    queue = [(u, step) for step, u in enumerate(order) if gathered[u]]
-    available, fetched_for, live = [False] * units, [-1] * units, 0
-    count, moved = [0, 0], [0.0, 0.0]  # forward, backward
+    backward_order = list(reversed(range(units))) if backward_order is None else list(backward_order)
+    order = list(range(units)) + backward_order
+    queue = deque((p, step) for step, u in enumerate(order) for p in owned[u])
+    available, fetched_for, live = [False] * len(params), [-1] * len(params), 0
+    forward, backward = {"count": 0, "moved": 0}, {"count": 0, "moved": 0}
     for step, u in enumerate(order):
-        half = 0 if step < units else 1
-        if gathered[u] and not available[u]:  # its own fetch
-            available[u] = True
-            live += gathered[u]
-            count[half] += 1
-            moved[half] += gathered[u]
-        while queue and queue[0][0] == u and queue[0][1] <= step:  # its own uses leave the queue
-            fetched_for[u] = max(fetched_for[u], queue.pop(0)[1])
+        phase = forward if step < units else backward
+        missing = [p for p in owned[u] if not available[p]]
+        if missing:  # its own fetch
+            for p in missing:
+                available[p] = True
+            live += sum(params[p][1] for p in missing)
+            phase["count"] += 1
+            phase["moved"] += sum(params[p][1] for p in missing)
+        while queue and params[queue[0][0]][0] == u and queue[0][1] <= step:  # its own uses leave the queue
+            p, use = queue.popleft()
+            fetched_for[p] = max(fetched_for[p], use)
         prefetched, most = 0, min(max_live - live, prefetch_bucket)
         while queue and prefetched < most:
-            v, use = queue.pop(0)
-            fetched_for[v] = max(fetched_for[v], use)
-            if not available[v]:
-                available[v] = True
-                prefetched += gathered[v]
+            p, use = queue.popleft()
+            fetched_for[p] = max(fetched_for[p], use)
+            if not available[p]:
+                available[p] = True
+                prefetched += params[p][1]
         live += prefetched
         if prefetched:
-            count[half] += 1
-            moved[half] += prefetched
-        # Release, unless a prefetch covered a later use or the next use is within the reuse distance.
-        later = [(step + 1 + i, v) for i, v in enumerate(order[step + 1:])]
-        between, reused = 0, False
-        for _, v in later:
-            if between >= max_reuse_distance:
-                break
-            if v == u:
-                reused = True
-                break
-            between += size[v]
-        if gathered[u] and fetched_for[u] <= step and not reused:
-            available[u] = False
-            live -= gathered[u]
+            phase["count"] += 1
+            phase["moved"] += prefetched
+        if _reused_within(u, order[step + 1:], size, max_reuse_distance):
+            continue
+        for p in owned[u]:  # released, unless a prefetch covered a use after the next step
+            if available[p] and fetched_for[p] <= step + 1:
+                available[p] = False
+                live -= params[p][1]
     persistent = [n for unit in unit_numels for n in unit if n <= persistence_threshold]
-    return {"gathers": count[0], "gathered": moved[0] / total, "regathers": count[1], "regathered": moved[1] / total,
-            "persistent": sum(persistent) / total, "persistent_gathers": len(persistent),
-            "scatters": math.ceil(total / reduce_bucket), "norm_allreduces": 1}
+    return {"gathers": forward["count"], "gathered": forward["moved"] / total, "regathers": backward["count"],
+            "regathered": backward["moved"] / total, "persistent": sum(persistent) / total,
+            "persistent_gathers": len(persistent),
+            "scatters": _buckets([n for u in reversed(range(units)) for n in reversed(unit_numels[u])], reduce_bucket),
+            "norm_allreduces": param_groups}
+
+
+def _reused_within(unit: int, later: list[int], size: list[int], distance: float) -> bool:
+    """Whether `unit` runs again before `distance` elements of other modules have run."""
+    between = 0
+    for other in later:
+        if between >= distance:
+            return False
+        if other == unit:
+            return True
+        between += size[other]
+    return False
+
+
+def _buckets(numels: list[int], cap: float) -> int:
+    """How many buckets DeepSpeed fills with these parameters in order: a bucket goes out when the next
+    parameter would take it over `cap`."""
+    count, filled = 0, 0
+    for n in numels:
+        if filled and filled + n > cap:
+            count, filled = count + 1, 0
+        filled += n
+    return count + (1 if filled else 0)
+
+
+def module_orders(model) -> tuple[list[list[int]], list[int]]:
+    """`deepspeed_zero3_gathers`'s inputs for a torch module: each module's own parameters' element counts
+    in the order forward enters them (pre-order, for a forward that calls its children in order), and
+    the order backward reaches them: the reverse of the order forward leaves them (post-order).
+    A parameter shared by two modules is counted in the first only."""
+    modules = list(model.modules())
+    index = {id(module): i for i, module in enumerate(modules)}
+    seen, units = set(), []
+    for module in modules:
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        units.append([p.numel() for p in own])
+    left = []
+
+    def leave(module):
+        for child in module.children():
+            leave(child)
+        left.append(index[id(module)])
+
+    leave(model)
+    return units, list(reversed(left))
 
 
 def fsdp2_collectives(unit_numels: list[int], root_numel: int = 0) -> dict:
@@ -348,7 +404,8 @@ def exposed_comm_s(strategy: str, grad_bytes: float, ranks: int, link: Link, bac
                 + sum(units * all_gather_s(share * grad_bytes / units, ranks, passes_link)
                       for units, share, passes_link in passes if units > 0 and share > 0)
                 + norm_allreduces * allreduce_s(8, ranks, link))
-    raise ValueError(f"unknown strategy {strategy!r}: choose from {', '.join(STRATEGIES)}")
+    raise ValueError(f"exposed_comm_s: no strategy {strategy!r} (pipeline and tensor_parallel split the compute: "
+                     f"predict_step_s); choose from {', '.join(s for s in STRATEGIES if s not in SPLIT)}")
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:
@@ -372,9 +429,12 @@ def predict_step_s(strategy: str, step_s: float, grad_bytes: float, ranks: int, 
     if strategy == "pipeline":  # ranks are the stages: the same batch, split by layers
         return pipeline_step_s(step_s, ranks, micro_batches)
     if strategy == "tensor_parallel":  # ranks are the TP degree: the same batch, each layer split
-        share = knobs.get("split_share", 1.0)
-        compute = step_s * (1 - share + share / ranks)
-        return compute + knobs.get("tp_allreduces", 0) * allreduce_s(knobs.get("activation_bytes", 0.0), ranks, link)
+        missing = [name for name in TENSOR_PARALLEL_KNOBS if name not in knobs]
+        if missing:
+            raise ValueError(f"tensor_parallel needs {', '.join(missing)} (predict.tensor_parallel_collectives, "
+                             "predict.transformer_split_share)")
+        compute = step_s * (1 - knobs["split_share"] + knobs["split_share"] / ranks)
+        return compute + knobs["tp_allreduces"] * allreduce_s(knobs["activation_bytes"], ranks, link)
     others = {k: v for k, v in knobs.items() if k not in TENSOR_PARALLEL_KNOBS}
     return step_s + exposed_comm_s(strategy, grad_bytes, ranks, link, step_s * backward_fraction, **others)
 
@@ -383,7 +443,9 @@ def table(step_s: float, num_params: int, system: System | None = None, link: Li
           ranks: list[int] | tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
           strategies: tuple[str, ...] = ("ddp", "ddp_no_overlap", "horovod", "zero3"),
           bytes_per_param: int = 4, **knobs) -> list[dict]:
-    """Rows per (strategy, ranks): predicted step, exposed communication, weak-scaling efficiency.
+    """Rows per (strategy, ranks): predicted step, exposed communication, efficiency (weak scaling for the
+    data-parallel strategies, t(1) / t(N); strong for the split ones, t(1) / (N t(N))).  Tensor
+    parallelism's rows take `step_s` as the 1-rank step (its `split_share` knob below 1).
 
     `system` picks the link per rank count (one node, or the slower inter-node link); `link` fixes
     one link for every count (a `scaledl bench comm` fit taken on this machine)."""
@@ -395,7 +457,7 @@ def table(step_s: float, num_params: int, system: System | None = None, link: Li
         for n in ranks:
             chosen = link or link_for(n, system)
             t = predict_step_s(strategy, step_s, grad_bytes, n, chosen, **knobs)
-            split = strategy in ("pipeline", "tensor_parallel")  # one batch split across the ranks
+            split = strategy in SPLIT
             work = step_s / n if split else step_s  # ideal: the work per rank, nothing else
             rows.append({"strategy": strategy, "ranks": n,
                          "nodes": math.ceil(n / system.ranks_per_node) if system else None,
@@ -437,7 +499,7 @@ def figure(rows: list[dict], measured: list[dict] | None = None, title: str = ""
     if x_key == "nodes":  # a node holds several ranks; the efficiency is still against one rank
         per_node = max(row["ranks"] for row in rows if row["nodes"] == 1)
         xlabel = f"nodes ({per_node} ranks each); efficiency against 1 rank"
-    ax.set(xscale="log" if wide else "linear", xlabel=xlabel, ylabel="weak-scaling efficiency t(1) / t(N)",
+    ax.set(xscale="log" if wide else "linear", xlabel=xlabel, ylabel="efficiency against 1 rank",
            ylim=(0, 1.05), title=title or "predicted (lines) and measured (points)")
     if xs:  # the counts themselves as ticks, written as whole numbers (not 10^0, 2x10^0)
         from matplotlib.ticker import NullFormatter, ScalarFormatter

@@ -1,12 +1,13 @@
-"""`scaledl predict`: predicted step time and weak-scaling efficiency per rank count (scaledl.predict).
+"""`scaledl predict`: predicted step time and efficiency per rank count (scaledl.predict).
 
     scaledl predict --system polaris --step-ms 12 --model transformer --nodes 1 2 4 8 16
     scaledl predict --comm-json runs/bench/comm.json --step-json runs/bench/overhead.json --model cnn --ranks 2
 
 The single-device step comes from --step-ms or a benchmark's JSON (`scaledl bench overhead`:
 the plain loop's step; `scaledl bench predict`: its first setting's); the link from a system
-preset, a `scaledl bench comm` or `bench predict` fit (its all-reduce alpha-beta, read back to
-one link), or --alpha-us with --bandwidth-gbps.  Every flag is checked before anything is written.
+preset, a `scaledl bench comm` fit (all-reduces in a loop) or a `bench predict` one (all-reduces
+inside a step: what a step pays on the machine it ran on), read back to one link, or --alpha-us
+with --bandwidth-gbps.  Every flag is checked before anything is written.
 """
 from __future__ import annotations
 
@@ -176,6 +177,10 @@ def resolve(args) -> dict:
         from scaledl.bench.variants import transformer_sizes
 
         sizes = transformer_sizes(args.model)
+        uneven = [n for n in ranks if sizes["heads"] % n]
+        if uneven:
+            raise InputError(f"--strategy tensor_parallel splits the model's {sizes['heads']} heads over the ranks: "
+                             f"{', '.join(map(str, uneven))} ranks do not divide them; give --ranks that do")
         split = {**predict.tensor_parallel_collectives(sizes["depth"], args.micro_batch_size, sizes["seq_len"],
                                                        sizes["width"], args.bytes_per_param),
                  "split_share": predict.transformer_split_share(sizes["width"], sizes["depth"], sizes["seq_len"])}

@@ -54,7 +54,7 @@ def counted_all_reduce(tensor, *args, **kwargs):
 
 funcol.all_reduce = counted_all_reduce
 
-from scaledl import Config, distributed  # noqa: E402  (after the counting wrappers are in place)
+from scaledl import Config, distributed, predict  # noqa: E402  (after the counting wrappers are in place)
 
 
 
@@ -112,7 +112,7 @@ else:
     for settings in sys.argv[3:]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*(torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])))
-        units = [[p.numel() for p in module.parameters(recurse=False)] for module in model.modules()]
+        units, backward_order = predict.module_orders(model)
         config = deepspeed_rung.deepspeed_config(Config(batch_size=4), 3, world_size=setup.world_size)
         config["zero_optimization"].update(json.loads(settings))
         engine, _, _ = deepspeed_rung.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), None, config,
@@ -120,5 +120,5 @@ else:
         x, y = torch.randn(4, widths[0]), torch.randn(4, widths[-1])
         count(lambda: F.mse_loss(engine(x), y), engine.backward, engine.step)
         report(rank=setup.rank, world_size=setup.world_size, settings=json.loads(settings), units=units,
-               calls=dict(calls), numel=dict(numel))
+               backward_order=backward_order, calls=dict(calls), numel=dict(numel))
         engine.destroy()

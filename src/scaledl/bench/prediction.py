@@ -1,9 +1,10 @@
 """Predict, then measure: the scaling model (scaledl.predict) against real multi-rank runs here.
 
 First the links: all-reduce, reduce-scatter and all-gather times over message sizes on N ranks,
-each timed where a training step meets it (between the layers of a small synthetic step,
-`fit_links`), fitted to alpha + beta n and read back to a ring link (scaledl.predict.link_from_fit).
-Nothing below feeds back into those fits.  Then, for each setting (model
+timed where a training step meets them (between the layers of a small synthetic step) and in a
+loop after a barrier (for what follows without compute between; `fit_links`), fitted to
+alpha + beta n and read back to ring links (scaledl.predict.link_from_fit).  Nothing below feeds
+back into those fits.  Then, for each setting (model
 width, micro batch, DDP bucket size, ZeRO stage, tensor parallelism: each moves the share of the
 step that is communication), the same variant runs as N one-rank copies side by side (the
 single-device step the model takes as input: the node as full as in the real job, and per step
@@ -63,8 +64,8 @@ def fit_links(options: Options, ranks: int) -> tuple[dict, dict, dict]:
     All-reduce reads back to one ring link (`link_from_fit`); reduce-scatter and all-gather get
     fits of their own (`half_link_from_fit`: Gloo does not run them as half its all-reduce's ring).
     Where communication cannot overlap (every core computes), the step pays both in turn.
-    Returns the links by name (`link`, then `exposed_comm_s`'s keywords), the fits inside a step,
-    and the fits in a loop."""
+    Returns the links by name (`link`, `exposed_comm_s`'s keywords, and `tensor_parallel_link`, the
+    link for tensor parallelism's steps), the fits inside a step, and the fits in a loop."""
     sizes = [4096 * 8**i for i in range(5)]  # 4 KB to 16 MB: the gradients here are 0.5 to 25 MB
     measured = run_worker("torchrun", ranks, "comm", [
         "--sizes", *sizes, "--iters", options.pick(10, 20), "--warmup", 3, "--steps", 3, "--rounds", 1,
@@ -123,8 +124,8 @@ def gather_knobs(model_name: str, variant: str) -> dict:
     model, _, _ = model_and_batch("cpu", 1, 0, 0, model_name)
     if variant == "fsdp":
         return predict.fsdp2_collectives([sum(p.numel() for p in layer.parameters()) for layer in model])
-    return predict.deepspeed_zero3_gathers([[p.numel() for p in module.parameters(recurse=False)]
-                                            for module in model.modules()])
+    units, backward_order = predict.module_orders(model)
+    return predict.deepspeed_zero3_gathers(units, backward_order=backward_order)
 
 
 def label(setting: dict) -> str:
@@ -143,7 +144,7 @@ def run(options: Options) -> dict:
         knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
         if setting["variant"] == "ddp":  # the buckets after the first queue behind it
             knobs["bucket_link"] = links["bucket_link"]
-        else:  # the ZeRO stages and FSDP2 gather (and at 3, scatter) on their own fits
+        else:  # the ZeRO stages and FSDP2 gather (and at 3, scatter) on their own fits; TP's knobs replace these
             knobs.update(sharded)
         if setting["variant"] in ("zero3", "fsdp"):
             knobs.update(gather_knobs(setting["model"], setting["variant"]))
@@ -204,7 +205,9 @@ def run(options: Options) -> dict:
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "
                          f"{link.bandwidth_Bps / 1e9:.3g} GB/s, from the all-reduce fit inside a step (ZeRO and "
                          "FSDP2 gather and scatter on their own fits inside a step, DeepSpeed's persistent "
-                         "parameters on the all-gather's fit in a loop"
+                         "parameters on the all-gather's fit in a loop, DDP's buckets after the first on the "
+                         "all-reduce's fit in a loop, tensor parallelism on DTensor's functional all-reduce's "
+                         "fit inside a step"
                          f"{_loop_note(loop_fits, ranks)}); communication " + (
                              "overlaps backward." if link.overlaps
                              else "cannot overlap backward (every core computes).")],

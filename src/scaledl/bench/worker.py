@@ -101,7 +101,8 @@ def serve(args) -> None:
 
 
 def comm(args) -> None:
-    """Collectives' time per message size, then DDP's step time per bucket size."""
+    """Collectives' time per message size (after a barrier; with --in-step also inside a synthetic
+    step, `time_collectives_in_step`), then DDP's step time per bucket size."""
     import torch
     import torch.distributed as dist
 
@@ -181,7 +182,9 @@ def time_collectives_in_step(collectives: dict, args, world_size: int, device) -
     with a blocking collective after each layer's forward and without, alternately; each lap is
     (with - without) / IN_STEP_LAYERS.  Unlike a loop of collectives after a barrier, this holds
     the wait for the peer that arrives later (its compute ran slower this time) and the wake-up of
-    the communication thread that slept through the compute."""
+    the communication thread that slept through the compute.  What it does not control: the laps are
+    rank 0's alone, the step without always runs first, and no barrier precedes a pair, so whatever
+    skew one step leaves lands on the next one's first collective."""
     import torch
 
     from scaledl.timing import synchronize

@@ -8,8 +8,9 @@ every rank trains on the same batches, and each holds 1/world_size of every bloc
 2019, arXiv:1909.08053, section 3): q, k, v and the MLP's first layer are cut by output features
 (ColwiseParallel: each rank computes its own heads and its slice of the hidden layer, no
 communication), the attention's output and the MLP's second layer by input features
-(RowwiseParallel: each rank's partial sums are all-reduced), so a block costs two all-reduces
-forward and two backward (torch/distributed/tensor/parallel/style.py, torch 2.13).
+(RowwiseParallel: each rank's partial sums are all-reduced): two all-reduces a block forward, and
+four backward, one into each column-wise layer's input (q, k, v apart; Megatron-LM fuses them: two)
+(torch/distributed/tensor/parallel/style.py, torch 2.13; counted in tests/test_predict.py).
 """
 from __future__ import annotations
 
