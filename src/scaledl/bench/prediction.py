@@ -141,18 +141,19 @@ def run(options: Options) -> dict:
     sharded = {name: links[name] for name in ("scatter_link", "gather_link", "persistent_link")}
     rows = []
     for index, setting in enumerate(settings(options.quick)):
-        knobs = ({"bucket_bytes": setting["bucket_cap_mb"] * 2**20} if setting["bucket_cap_mb"] is not None else {})
-        if setting["variant"] == "ddp":  # the buckets after the first queue behind it
-            knobs["bucket_link"] = links["bucket_link"]
-        else:  # the ZeRO stages and FSDP2 gather (and at 3, scatter) on their own fits; TP's knobs replace these
-            knobs.update(sharded)
-        if setting["variant"] in ("zero3", "fsdp"):
-            knobs.update(gather_knobs(setting["model"], setting["variant"]))
         tensor_parallel = setting["variant"] == "tensor_parallel"
         if tensor_parallel:  # the input is one rank's step at the TP degree, measured without communication
             sizes = transformer_sizes(setting["model"])
             knobs = {**predict.tensor_parallel_collectives(sizes["depth"], setting["micro_batch_size"],
                                                           sizes["seq_len"], sizes["width"]), "split_share": 0.0}
+        elif setting["variant"] == "ddp":  # the buckets after the first queue behind it
+            knobs = {"bucket_link": links["bucket_link"]}
+            if setting["bucket_cap_mb"] is not None:
+                knobs["bucket_bytes"] = setting["bucket_cap_mb"] * 2**20
+        else:  # the ZeRO stages and FSDP2 gather (and at 3, scatter) on their own fits
+            knobs = dict(sharded)
+            if setting["variant"] in ("zero3", "fsdp"):
+                knobs.update(gather_knobs(setting["model"], setting["variant"]))
         setting_link = links["tensor_parallel_link"] if tensor_parallel else link
         strategy = STRATEGY[setting["variant"]]
         pairs = []
@@ -208,7 +209,7 @@ def run(options: Options) -> dict:
                          "parameters on the all-gather's fit in a loop, DDP's buckets after the first on the "
                          "all-reduce's fit in a loop, tensor parallelism on DTensor's functional all-reduce's "
                          "fit inside a step"
-                         f"{_loop_note(loop_fits, ranks)}); communication " + (
+                         f"{_loop_note(links['bucket_link'])}); communication " + (
                              "overlaps backward." if link.overlaps
                              else "cannot overlap backward (every core computes).")],
                   # the comm suite's shape too, so `scaledl predict --comm-json predict.json` reads the fit
@@ -216,8 +217,7 @@ def run(options: Options) -> dict:
                   median=median, worst=worst, threads=options.threads)
 
 
-def _loop_note(loop_fits: dict, ranks: int) -> str:
-    loop = predict.link_from_fit(loop_fits["allreduce"], ranks)
+def _loop_note(loop: predict.Link) -> str:
     return (f"; the all-reduce in a loop after a barrier: alpha {loop.alpha_s * 1e6:.3g} us, "
             f"bandwidth {loop.bandwidth_Bps / 1e9:.3g} GB/s")
 

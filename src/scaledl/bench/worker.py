@@ -146,27 +146,38 @@ def comm(args) -> None:
 
 def time_collectives(collectives: dict, args, world_size: int, device) -> dict:
     """Per collective, per size: the seconds of each call after a barrier, warm-up calls left out."""
-    import torch
     import torch.distributed as dist
 
     from scaledl.timing import synchronize
 
+    def laps_of(collective, full, part) -> list[float]:
+        laps = []
+        for i in range(args.warmup + args.iters):
+            dist.barrier()
+            synchronize(device)
+            start = time.perf_counter()
+            collective(full, part)
+            synchronize(device)
+            if i >= args.warmup:
+                laps.append(time.perf_counter() - start)
+        return laps
+
+    return _each_size(collectives, args.sizes, world_size, device, laps_of)
+
+
+def _each_size(collectives: dict, sizes: list[int], world_size: int, device, laps_of) -> dict:
+    """{name: [{"bytes", "laps"} per size]}: each collective's buffers made for each size (a sharded
+    one's size is its gathered or reduced whole, nccl-tests' convention), then `laps_of(collective,
+    full, part)` times it."""
+    import torch
+
     results = {name: [] for name in collectives}
-    for size in args.sizes:
+    for size in sizes:
         for name, (collective, sharded) in collectives.items():
             count = max(1, size // 4 // world_size) * world_size if sharded else max(1, size // 4)
             full = torch.ones(count, device=device)
             part = torch.ones(count // world_size if sharded else 1, device=device)
-            laps = []
-            for i in range(args.warmup + args.iters):
-                dist.barrier()
-                synchronize(device)
-                start = time.perf_counter()
-                collective(full, part)
-                synchronize(device)
-                if i >= args.warmup:
-                    laps.append(time.perf_counter() - start)
-            results[name].append({"bytes": count * 4, "laps": laps})
+            results[name].append({"bytes": count * 4, "laps": laps_of(collective, full, part)})
     return results
 
 
@@ -179,7 +190,7 @@ def time_collectives_in_step(collectives: dict, args, world_size: int, device) -
     compute, as FSDP2 and tensor parallelism reach theirs (between layers) and DDP its buckets.
 
     A step of a small synthetic model (IN_STEP_LAYERS linear layers, forward and backward) is timed
-    with a blocking collective after each layer's forward and without, alternately; each lap is
+    with a blocking collective after each layer's forward and without, in pairs; each lap is
     (with - without) / IN_STEP_LAYERS.  Unlike a loop of collectives after a barrier, this holds
     the wait for the peer that arrives later (its compute ran slower this time) and the wake-up of
     the communication thread that slept through the compute.  What it does not control: the laps are
@@ -205,19 +216,15 @@ def time_collectives_in_step(collectives: dict, args, world_size: int, device) -
         synchronize(device)
         return time.perf_counter() - start
 
-    results = {name: [] for name in collectives}
-    for size in args.sizes:
-        for name, (collective, sharded) in collectives.items():
-            count = max(1, size // 4 // world_size) * world_size if sharded else max(1, size // 4)
-            full = torch.ones(count, device=device)
-            part = torch.ones(count // world_size if sharded else 1, device=device)
-            laps = []
-            for i in range(args.warmup + args.iters):
-                without, with_ = step(), step(collective, full, part)
-                if i >= args.warmup:
-                    laps.append((with_ - without) / IN_STEP_LAYERS)
-            results[name].append({"bytes": count * 4, "laps": laps})
-    return results
+    def laps_of(collective, full, part) -> list[float]:
+        laps = []
+        for i in range(args.warmup + args.iters):
+            without, with_ = step(), step(collective, full, part)
+            if i >= args.warmup:
+                laps.append((with_ - without) / IN_STEP_LAYERS)
+        return laps
+
+    return _each_size(collectives, args.sizes, world_size, device, laps_of)
 
 
 def fusion(args) -> None:
