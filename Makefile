@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup demo test check lab exercises clean
+.PHONY: setup demo test check lab exercises architecture clean
 
 setup: $(VENV)/.ready
 
@@ -30,7 +30,7 @@ test: setup
 		tests solutions $(wildcard notebooks/*.ipynb)
 
 # The edit-test loop, under 5 minutes: the unit tests (no tier marker), one short run of every rung
-# with its own launcher (scaledl demo), and the lessons' checks (tests/test_grader.py, unmarked).
+# with its own launcher (scaledl demo), and the lessons' checks (tests/workshop/test_checks.py, unmarked).
 CHECK_TIERS := not slow and not slurm and not mpich and not browser and not gpu
 check: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=5 -m "$(CHECK_TIERS)" tests
@@ -43,6 +43,10 @@ lab: setup
 
 exercises: setup
 	$(BIN)/scaledl exercises --solutions solutions --out exercises
+
+# docs/architecture.md, drawn from the package's imports (tests/test_architecture.py checks it is current).
+architecture:
+	python3 tools/architecture.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from scaledl import launchers
+from scaledl.hpc import launchers
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBES = Path(__file__).resolve().parent / "probes"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 def run(command: list[str], timeout: float = 300, env: dict | None = None, nproc: int = 2,
@@ -48,10 +49,39 @@ FILE_TIERS = {"test_slurm.py": ("slurm", "slow"), "test_mpich.py": ("mpich", "sl
               "test_browser.py": ("browser", "slow"), "test_gpu.py": ("gpu",)}
 
 
+# The tier a test's time is counted under at the end of a run, the first of these it is marked with;
+# unmarked tests are "unit", the lessons' cells (nbval) "notebooks".
+TIME_TIERS = ("gpu", "browser", "slurm", "mpich", "slow")
+_tier_of: dict[str, str] = {}
+_tier_seconds: dict[str, float] = {}
+_tier_tests: dict[str, set] = {}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for marker in FILE_TIERS.get(item.path.name, ()):
             item.add_marker(marker)
+        tier = "notebooks" if item.path.suffix == ".ipynb" else next(
+            (name for name in TIME_TIERS if item.get_closest_marker(name)), "unit")
+        _tier_of[item.nodeid] = tier
+
+
+def pytest_runtest_logreport(report):
+    """Setup, call and teardown all count: a shared fixture's start is paid by its tier's first test."""
+    tier = _tier_of.get(report.nodeid, "unit")
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+    _tier_tests.setdefault(tier, set()).add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _tier_seconds:
+        return
+    terminalreporter.section("time per tier")
+    for tier in ("unit", *reversed(TIME_TIERS), "notebooks"):
+        if tier in _tier_seconds:
+            terminalreporter.write_line(f"{tier:>10}: {_tier_seconds[tier] / 60:6.1f} min in "
+                                        f"{len(_tier_tests[tier])} tests")
+    terminalreporter.write_line(f"{'all':>10}: {sum(_tier_seconds.values()) / 60:6.1f} min")
 
 
 @dataclass

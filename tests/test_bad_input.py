@@ -22,7 +22,7 @@ import pytest
 
 from conftest import tool
 from mounts import read_only
-from scaledl import launchers
+from scaledl.hpc import launchers
 
 MNIST_STEMS = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
                "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}

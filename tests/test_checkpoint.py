@@ -8,7 +8,8 @@ import torch
 
 from conftest import PROBES, run
 from mounts import tmpfs
-from scaledl import checkpoint, launchers
+from scaledl import checkpoint
+from scaledl.hpc import launchers
 from scaledl.checkpoint import CheckpointError, DiskFullError
 
 RUNG = [sys.executable, "-m", "scaledl.ladder.single_torch", "--epochs", "2", "--train-limit", "1280",
@@ -123,7 +124,7 @@ def test_a_full_disk_ends_the_writing_command_with_one_line(tmp_path):
     with tmpfs(tmp_path / "small", "8m") as folder:
         code = ("import sys, torch\n"
                 "from scaledl import checkpoint\n"
-                "from scaledl.errors import exits_cleanly\n"
+                "from scaledl.exits import exits_cleanly\n"
                 "@exits_cleanly\n"
                 "def main(argv=None):\n"
                 "    checkpoint.save(sys.argv[1], model={'w': torch.ones(10_000_000)})\n"

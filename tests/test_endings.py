@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import PROBES, tool
-from scaledl import launchers
+from scaledl.hpc import launchers
 
 pytestmark = pytest.mark.slow
 ARGS = ["--epochs", "1", "--train-limit", "512", "--timeout", "20"]  # 4 steps per epoch on 2 ranks

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from scaledl import engines, launchers
+from scaledl.hpc import launchers
+from scaledl.workshop import engines
 
 GPUS = engines.accelerator_count()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no GPU on this machine")]
@@ -136,7 +137,8 @@ def test_binding_check_reads_this_nodes_gpus():
     node is `local`, one pinned to another NUMA node `far` (where the node has more than one)."""
     import torch
 
-    from scaledl import binding, devices
+    from scaledl import devices
+    from scaledl.hpc import binding
 
     kind = devices.accelerator()
     nodes = {node: cpus & os.sched_getaffinity(0) for node, cpus in binding.numa_nodes().items()}

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from conftest import PROBES, reports, run, tool
-from scaledl import launchers
+from scaledl.hpc import launchers
 from scaledl.launch_env import LaunchError, detect, expand_slurm_nodelist, high_speed_name, job_port, slurm_port
 
 
@@ -50,7 +50,7 @@ def test_high_speed_name_leaves_other_hosts_alone():
 
 
 # The environments of a job of `sbatch --nodes=2 --ntasks-per-node=2`, as sbatch(1) and srun(1) list
-# them in OUTPUT ENVIRONMENT VARIABLES (tests/test_slurm.py runs the one-node case for real).  The batch step (the
+# them in OUTPUT ENVIRONMENT VARIABLES (tests/hpc/test_slurm.py runs the one-node case for real).  The batch step (the
 # shell running the script) carries the job's SLURM_NTASKS and a SLURM_PROCID/SLURM_LOCALID of 0,
 # as if it were rank 0; srun's tasks also carry the step's variables (SLURM_STEP_ID,
 # SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, ...).
@@ -137,7 +137,7 @@ def test_mpi_launchers_that_disagree_are_still_refused():
         detect(env)
 
 
-# Slurm host lists and what `scontrol show hostnames` (Slurm 22.05) prints for them; tests/test_slurm.py
+# Slurm host lists and what `scontrol show hostnames` (Slurm 22.05) prints for them; tests/hpc/test_slurm.py
 # checks every one against scontrol itself.
 NODELISTS = {
     "nid[001-003,007],gpu01": ["nid001", "nid002", "nid003", "nid007", "gpu01"],
@@ -287,8 +287,8 @@ def test_launches_on_a_host_whose_name_does_not_resolve_stop_at_one_line(monkeyp
     # whose /etc/hosts lacked it); scaledl launch and the demo say so before starting anything.
     import socket
 
-    from scaledl import demo
-    from scaledl.launch import Target, build_plan
+    from scaledl.cli import demo
+    from scaledl.hpc.launch import Target, build_plan
     from scaledl.launch_env import host_name_problem
 
     assert host_name_problem("localhost") is None

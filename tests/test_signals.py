@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import PROBES, tool
-from scaledl import launchers
+from scaledl.hpc import launchers
 
 # Long enough that no run ends on its own while the test waits for it to be stopped.
 ARGS = ["--epochs", "500", "--train-limit", "2048", "--log-interval", "5"]

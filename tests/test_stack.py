@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, reports, run, tool
-from scaledl import launchers
+from scaledl.hpc import launchers
 
 
 

@@ -2,7 +2,8 @@
 import pytest
 
 from conftest import reports, run
-from scaledl import launchers, zero_memory
+from scaledl import zero_memory
+from scaledl.hpc import launchers
 
 
 def test_formulas_partition_one_more_quantity_per_stage():

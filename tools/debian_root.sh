@@ -64,7 +64,7 @@ status=0
 # rung against one process on this Python's Keras, in both of its modes.
 steps=("make demo" "make check"
        "PATH=/src/.venv/bin:\$PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
-        .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_equivalence.py -k horovod_tf")
+        .venv/bin/python -m pytest -q -p no:cacheprovider tests/ladder/test_equivalence.py -k horovod_tf")
 names=("make demo" "make check" "horovod_tf equivalence")
 for i in "${!steps[@]}"; do
     name=${names[$i]}

@@ -23,7 +23,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-from scaledl import launchers  # noqa: E402
+from scaledl.hpc import launchers  # noqa: E402
 
 RUNGS = {"torchrun": "ddp", "mpirun": "ddp", "horovodrun": "horovod_torch", "deepspeed": "deepspeed",
          "scaledl launch": "ddp"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Chromium from the system's packages for the browser test (tests/test_browser.py drives
+# Install Chromium from the system's packages for the browser test (tests/workshop/test_browser.py drives
 # it headless through Playwright; Playwright's own browser download is never used).
 # Called by tools/setup.sh on the test path; safe to run again.
 set -euo pipefail
@@ -13,7 +13,7 @@ for browser in "${SCALEDL_CHROMIUM:-}" chromium chromium-browser; do
     fi
 done
 if ! command -v apt-get >/dev/null; then
-    log "no apt-get here: Chromium not installed, so tests/test_browser.py will be skipped" \
+    log "no apt-get here: Chromium not installed, so tests/workshop/test_browser.py will be skipped" \
         "(install Chromium yourself and set SCALEDL_CHROMIUM to its path to run it)"
     exit 0
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start JupyterLab on the lessons: print the address to open and where to start, then serve.
-# Called by `make lab`; tests/test_browser.py starts it the same way. Extra arguments go to
+# Called by `make lab`; tests/workshop/test_browser.py starts it the same way. Extra arguments go to
 # `jupyter lab` (the test gives it settings and workspace folders of its own).
 # PORT picks the port (8888 when unset; the next free one when it is taken); JUPYTER_TOKEN the
 # token (a new random one when unset).

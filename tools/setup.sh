@@ -51,8 +51,8 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null; then
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
-# The test tiers' schedulers: a one-node Slurm cluster (tools/slurm_cluster.sh, tests/test_slurm.py)
-# and MPICH's hydra mpiexec, used by its full path /usr/bin/mpiexec.mpich (tests/test_mpich.py).
+# The test tiers' schedulers: a one-node Slurm cluster (tools/slurm_cluster.sh, tests/hpc/test_slurm.py)
+# and MPICH's hydra mpiexec, used by its full path /usr/bin/mpiexec.mpich (tests/hpc/test_mpich.py).
 # Debian ranks MPICH's alternatives below Open MPI's (priority 40 against 50), so mpirun, mpicc
 # and libmpi.so stay Open MPI's, which Horovod and mpi4py are built and run with: checked below.
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || [ ! -x /usr/bin/mpiexec.mpich ]; then
@@ -69,7 +69,7 @@ if ! mpirun --version 2>&1 | grep -q "Open MPI"; then
          "'update-alternatives --set mpirun /usr/bin/mpirun.openmpi' (and --set mpi /usr/bin/mpicc.openmpi)" >&2
     exit 2
 fi
-bash tools/install_chromium.sh  # Debian's Chromium for the browser test (tests/test_browser.py)
+bash tools/install_chromium.sh  # Debian's Chromium for the browser test (tests/workshop/test_browser.py)
 
 [ -x "$venv/bin/python" ] || { log "creating $venv"; "$python" -m venv "$venv"; }
 # Every install is held to the exact versions of constraints.txt; pyproject.toml only has ranges.

@@ -4,7 +4,7 @@
 """
 import sys
 
-from scaledl import doctor
+from scaledl.hpc import doctor
 
 if __name__ == "__main__":
     findings = doctor.check_site()

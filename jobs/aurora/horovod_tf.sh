@@ -20,16 +20,17 @@
 set -eo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
-# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks.
-# That module (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) gets a venv of its own,
-# made once on a login node: module load tensorflow && tools/setup_site.sh site --venv .venv-tf
+# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks; ALCF's page
+# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) loads this MPICH beside it.  The module
+# gets a venv of its own, made once on a login node: module load tensorflow mpich/opt/develop-git.6037a7a &&
+# tools/setup_site.sh site --venv .venv-tf
 if command -v module >/dev/null 2>&1; then
-    module load tensorflow
+    module load tensorflow mpich/opt/develop-git.6037a7a
 fi
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv-tf}
 if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
     echo "error: no Python environment at $SCALEDL_VENV: make it once on a login node with" \
-         "'module load tensorflow && tools/setup_site.sh site --venv .venv-tf'" >&2
+         "'module load tensorflow mpich/opt/develop-git.6037a7a && tools/setup_site.sh site --venv .venv-tf'" >&2
     exit 2
 fi
 

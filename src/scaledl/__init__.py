@@ -10,6 +10,19 @@ The names a training script of your own needs:
     scaledl.teardown()
 
 Importing scaledl imports no framework: each is imported by the function that needs it.
+
+The package's rooms, lowest floor first (docs/architecture.md draws them from the imports):
+
+* `scaledl` itself: the helpers above and the rest of what a training script of your own may
+  import (`sharding`, `checkpoint`, `metrics`, `timing`, `devices`, `precision`, `models`,
+  `datasets`, `zero_memory`, ...).  They import nothing from the rooms below.
+* `scaledl.ladder`: the rungs, one runnable module each, over `scaledl.ladder.harness`.
+* `scaledl.hpc`: launching ranks and knowing the machine (launchers, systems, job scripts, binding).
+* `scaledl.perf`: the step-time predictor and the benchmarks.
+* `scaledl.workshop`: what the lessons run on (live ranks, each lesson's checks, figures).
+* `scaledl.cli`: the `scaledl` command.
+
+A module imports only from its own room and the rooms listed before it.
 """
 from scaledl.config import Config, ConfigError, build_parser, config_from_args, parse_args
 from scaledl.datasets import DataError, Dataset, load_dataset

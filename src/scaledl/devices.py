@@ -118,3 +118,18 @@ def max_memory_allocated(device) -> int | None:
 
         return int(getattr(torch, kind).max_memory_allocated(device))
     return None
+
+
+def node_accelerators() -> tuple[str | None, int]:
+    """This node's accelerator kind and count: ("cuda", 4), ("xpu", 12) on Aurora (each tile is one
+    device), (None, 0) without any or without torch."""
+    try:
+        kind = accelerator()
+    except ImportError:  # no torch
+        return None, 0
+    return kind, device_count() if kind else 0
+
+
+def accelerator_count() -> int:
+    """GPUs on this node (XPU devices on Aurora: each tile is one), 0 without any or without torch."""
+    return node_accelerators()[1]

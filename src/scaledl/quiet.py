@@ -62,7 +62,7 @@ def flatten_advice():
     """Hold back torch 2.13's per-rank warning, while gathering whole tensors from a 2-D mesh
     (FSDP2 x tensor parallelism), that one all-gather would be faster than the two it takes per
     tensor (`_warn_flatten_optimization_not_possible`, torch/distributed/tensor/_redistribute.py):
-    advice for a training loop, not for a checkpoint's once-per-save gather (scaledl.run_state)."""
+    advice for a training loop, not for a checkpoint's once-per-save gather (scaledl.ladder.harness.run_state)."""
     import logging
 
     logger = logging.getLogger("torch.distributed.tensor._redistribute")

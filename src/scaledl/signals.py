@@ -7,7 +7,7 @@ or none at all.  Here:
 
 - SIGINT, SIGTERM and SIGHUP raise `Interrupted` in the main thread, so the rung's `finally`
   blocks run (the process group is left, DeepSpeed's /dev/shm buffers are removed), and
-  `errors.exits_cleanly` prints one line for the rank;
+  `exits.exits_cleanly` prints one line for the rank;
 - a watcher process hears the same signal at once through Python's wakeup fd, even while the
   main thread is stuck in C++, and ends the rank itself after `GRACE_S` if the main thread
   has not (removing the DeepSpeed shared memory it had mapped);
@@ -155,7 +155,7 @@ def _on_signal(signum, frame):
 
 def _on_stop_request(signum, frame):
     # Only a flag: the main thread may be inside a collective, and every rank must stop at the
-    # same step (scaledl.harness reads the flag when the ranks next reduce their metrics).
+    # same step (scaledl.ladder.harness reads the flag when the ranks next reduce their metrics).
     global stop_requested
     stop_requested = signum
 
@@ -285,7 +285,7 @@ def install(line: str = "stopped by {signal}") -> None:
 
     `line` is the rank's one line ("{signal}" becomes the signal's name), printed by the
     watcher if it has to end the process itself.  Call from the main thread at the start of a
-    command (`errors.exits_cleanly` does)."""
+    command (`exits.exits_cleanly` does)."""
     global _installed
     if _installed or threading.current_thread() is not threading.main_thread():
         return

@@ -54,7 +54,8 @@ def counted_all_reduce(tensor, *args, **kwargs):
 
 funcol.all_reduce = counted_all_reduce
 
-from scaledl import Config, distributed, predict  # noqa: E402  (after the counting wrappers are in place)
+from scaledl import Config, distributed  # noqa: E402  (after the counting wrappers are in place)
+from scaledl.perf import predict  # noqa: E402
 
 
 
@@ -74,7 +75,7 @@ def count(forward, backward, step) -> None:
 variant, model_arg = sys.argv[1], sys.argv[2]
 setup = distributed.setup(seed=0)
 if variant == "fsdp":
-    from scaledl.bench.variants import model_and_batch
+    from scaledl.perf.bench.variants import model_and_batch
     from scaledl.ladder import fsdp
 
     model, x, y = model_and_batch(setup.device, 4, setup.rank, 0, model_arg)
@@ -91,7 +92,7 @@ if variant == "fsdp":
 elif variant == "tp":
     from torch.distributed.device_mesh import init_device_mesh
 
-    from scaledl.bench.variants import model_and_batch
+    from scaledl.perf.bench.variants import model_and_batch
     from scaledl.ladder import tensor_parallel
 
     model, x, y = model_and_batch(setup.device, 4, 0, 0, model_arg)

@@ -1,5 +1,12 @@
 """The ladder: one runnable module per rung, from one device to ZeRO, tensor and 2D parallelism.
 
+Each rung (`python -m scaledl.ladder.<rung>` under any launcher) is a teaching text: a plain loop
+and, in the open, every call its framework needs; its diff against the rung it extends is that
+framework alone, each changed line marked `# New Code #`.  What every rung does the same way
+(metrics, checkpoints, the non-finite guard, the summary line) is `harness`, beneath the rungs.
+
+May import: the helpers (scaledl.*) only; the harness may not import a rung.
+
 RUNGS lists the rows of `scaledl demo`: the module each runs, the launcher the demo starts
 it with (any launcher works for a multi-process rung: torchrun, mpiexec, srun, ...), and
 the flags that make the row (ZeRO's stages are one module with different flags).
@@ -13,7 +20,7 @@ if sys.argv[:1] == ["-m"]:  # Python says "-m" here while it imports the package
 
     signals.until_installed()  # a launcher's SIGTERM during the seconds torch takes to import ends the rank quietly
     # TensorFlow's C++ start-up lines (INFO and WARNING: oneDNN, CUDA drivers absent) before the rung's own, as
-    # the launchers already set it for every rank (scaledl.launchers.local_env); its errors still print.
+    # the launchers already set it for every rank (scaledl.hpc.launchers.local_env); its errors still print.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 RUNGS = {

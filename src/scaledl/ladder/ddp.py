@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # New Code #
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, harness, models, sharding  # New Code #
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, distributed, models, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 
 RUNG = "ddp"
 

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, harness, models, precision, run_state, sharding  # New Code #
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, distributed, models, precision, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 
 RUNG = "deepspeed"
 
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
     ds_config = deepspeed_config(config, args.zero_stage, args.offload_optimizer, args.offload_params, job.world_size)
     model, optimizer, scheduler = wrap(model, optimizer, scheduler, ds_config, device)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, scheduler=scheduler,  # New Code #
-                           state=run_state.DeepSpeedState(model))  # New Code #: the engine writes its own checkpoints
+                           state=harness.DeepSpeedState(model))  # New Code #: the engine writes its own checkpoints
     input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
         print(f"{RUNG}: {len(loader)} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #

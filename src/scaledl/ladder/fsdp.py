@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard  # New Code #
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, harness, models, run_state, sharding  # New Code #
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, distributed, models, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 
 RUNG = "fsdp"
 
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     model = wrap(models.for_config(config, data).to(device), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader,  # New Code #: whole tensors in a checkpoint
-                           state=run_state.FullState(model, optimizer))  # New Code #
+                           state=harness.FullState(model, optimizer))  # New Code #
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
         print(f"{RUNG}: {len(loader)} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #
 

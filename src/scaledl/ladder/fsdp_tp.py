@@ -19,8 +19,9 @@ from torch.distributed.device_mesh import init_device_mesh  # New Code #
 from torch.distributed.fsdp import fully_shard  # New Code #
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, harness, meshes, models, run_state, sharding  # New Code #
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, distributed, meshes, models, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 from scaledl.ladder import tensor_parallel  # New Code #: its split of each block
 
 RUNG = "fsdp_tp"
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     model = wrap(models.for_config(config, data).to(device), device, mesh)  # New Code #
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, replicas=dp_size,  # New Code #
-                           state=run_state.FullState(model, optimizer))  # New Code #
+                           state=harness.FullState(model, optimizer))  # New Code #
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
         print(f"{RUNG}: {len(loader)} steps per epoch, {dp_size} x {tp} ranks (dp x tp), {device.type}")  # New Code #
 

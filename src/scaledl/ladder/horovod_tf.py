@@ -6,7 +6,7 @@
 `diff single_tf.py horovod_tf.py` is what Horovod needs (marked `# New Code #`): the gradient tape
 becomes a `DistributedGradientTape` that averages the gradients across ranks, and every rank starts
 from rank 0's variables.  `--keras-fit` trains the same way through model.fit, the same tape in the
-model's train step (scaledl/horovod_keras_fit.py).
+model's train step (scaledl/ladder/harness/horovod_keras_fit.py).
 """
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import os  # New Code #
 import horovod.tensorflow as hvd  # New Code #
 import tensorflow as tf
 
-from scaledl import datasets, distributed, harness, keras_compat, models, report, sharding  # New Code #
-from scaledl.horovod_keras_fit import keras_fit  # New Code #: --keras-fit, the same tape in model.fit's train step
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, distributed, models, report, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
+from scaledl.ladder.harness import keras_compat
+from scaledl.ladder.harness.horovod_keras_fit import keras_fit  # New Code #: --keras-fit, the tape in fit
 
 RUNG = "horovod_tf"
 NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "backend", "device",  # New Code #: Horovod picks

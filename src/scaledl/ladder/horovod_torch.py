@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, harness, models, sharding  # New Code #
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, distributed, models, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 
 RUNG = "horovod_torch"
 

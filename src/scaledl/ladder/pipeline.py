@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.data import DataLoader, RandomSampler
 
-from scaledl import datasets, devices, distributed, harness, models, run_state, sharding
+from scaledl import datasets, devices, distributed, models, sharding
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 from scaledl.config import ConfigError
-from scaledl.errors import exits_cleanly
 
 RUNG = "pipeline"
 SPLIT_AT = 6  # the CNN's index of Flatten: convolutions on rank 0, classifier on rank 1
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
                              loss_fn=lambda logits, y: F.cross_entropy(logits.float(), y))
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     # The global batch is one rank's batch: the learning rate scales with world size 1.
-    run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, state=run_state.StageState(model, optimizer),
+    run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, state=harness.StageState(model, optimizer),
                            scheduler=harness.lr_scheduler(optimizer, config, 1, len(loader)))
 
     for epoch in run.epochs():

@@ -3,7 +3,7 @@
     python -m scaledl.ladder.single_torch --epochs 3
 
 A plain loop (data, model, optimizer; forward, loss, backward, step).  What every rung does the
-same way (metrics, checkpoints, lr schedule, precision, NaN guard, summary) is `run` (scaledl.harness).
+same way (metrics, checkpoints, lr schedule, precision, NaN guard, summary) is `run` (scaledl.ladder.harness).
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler
 
-from scaledl import datasets, devices, harness, models, sharding
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, models, sharding
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 
 RUNG = "single_torch"
 

@@ -10,7 +10,7 @@ every rank trains on the same batches, and each holds 1/world_size of every bloc
 communication), the attention's output and the MLP's second layer by input features
 (RowwiseParallel: each rank's partial sums are all-reduced): two all-reduces a block forward, and
 four backward, one into each column-wise layer's input (q, k, v apart; Megatron-LM fuses them: two)
-(torch/distributed/tensor/parallel/style.py, torch 2.13; counted in tests/test_predict.py).
+(torch/distributed/tensor/parallel/style.py, torch 2.13; counted in tests/perf/test_predict.py).
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh  # New Code #
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # New Code #
 from torch.utils.data import DataLoader, RandomSampler
 
-from scaledl import datasets, devices, distributed, harness, meshes, models, run_state, sharding  # New Code #
-from scaledl.errors import exits_cleanly
+from scaledl import datasets, devices, distributed, meshes, models, sharding  # New Code #
+from scaledl.exits import exits_cleanly
+from scaledl.ladder import harness
 
 RUNG = "tensor_parallel"
 
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     # New Code #: not foreach, a GPU's default: it refuses DTensors mixed with plain tensors (torch/optim/optimizer.py)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, foreach=False)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, replicas=1,  # New Code #: one model
-                           state=run_state.FullState(model, optimizer))  # New Code #: whole tensors in a checkpoint
+                           state=harness.FullState(model, optimizer))  # New Code #: whole tensors in a checkpoint
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
         print(f"{RUNG}: {len(loader)} steps per epoch, each layer split across {job.world_size} ranks, "  # New Code #
               f"{device.type}")

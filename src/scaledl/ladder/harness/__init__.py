@@ -1,0 +1,296 @@
+"""What every rung does the same way, written once, so that a rung shows only its framework.
+
+    config = harness.parse_args("single_torch")
+    ...
+    run = harness.TorchRun("single_torch", config, device, model, optimizer, loader)
+    for epoch in run.epochs():
+        for x, y in run.batches(loader):
+            ...forward, loss, backward, step...
+            run.end_step(loss, logits, y)
+    run.finish(test_accuracy)
+
+A run owns OUT_DIR: it claims it when training starts (not when the flags are parsed), writes
+`metrics.jsonl` (one line per `--log-interval`), checkpoints (`--checkpoint-every`, bounded by
+`--keep-checkpoints`, each recording what a resume must match), and ends with `summary.json` and
+the one-line summary.  `TorchRun` adds the PyTorch pieces every PyTorch rung shares: the
+learning-rate schedule, mixed precision (`autocast`, the fp16 loss scaler), and the guard that
+stops or skips a step whose gradients are NaN or infinite.
+
+It knows no framework's distributed API: the ranks' view of the job comes from a small `Comm`
+(torch.distributed when a process group is up, else one process; Horovod's rung passes its
+own), and the frameworks that own their checkpoints (DeepSpeed, FSDP2) pass a `state` adapter
+(`scaledl.ladder.harness.run_state`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from scaledl import config as config_lib, report, run_dir, schedule, signals
+from scaledl.ladder.harness import run_state
+# What a rung saves when the model's state is not one process's plain state dict: a rung names one here.
+from scaledl.ladder.harness.run_state import DeepSpeedState, FullState, StageState  # noqa: F401
+from scaledl.config import Config
+from scaledl.datasets import DataError
+from scaledl.distributed import exit_process  # noqa: F401  (the rungs leave through it)
+from scaledl.errors import NothingToDo, StoppedOnRequest
+from scaledl.log import get_logger
+from scaledl.metrics import History, local_gather, torch_gather
+
+# Flags a rung leaves out when it does not honour them (`parser(..., without=...)`).
+CHECKPOINT_FLAGS = ("resume", "checkpoint_every", "keep_checkpoints")
+GUARD_FLAGS = ("on_nonfinite",)
+COLLECTIVE_FLAGS = ("backend", "timeout")  # a single process has no collectives to pick or bound
+MODEL_FLAGS = ("model", *config_lib.TRANSFORMER_FLAGS)  # a rung without them trains the CNN only
+
+
+def parser(rung: str, without: tuple[str, ...] = ()):
+    """The flags every rung shares, minus `without`; a rung adds its own to what it gets back."""
+    return config_lib.build_parser(prog=f"python -m scaledl.ladder.{rung}", without=without)
+
+
+def parse(flags, argv=None):
+    """(Config, namespace with the rung's own flags). Parsing writes nothing anywhere."""
+    return config_lib.config_from_args(flags, argv)
+
+
+def parse_args(rung: str, argv=None, without: tuple[str, ...] = ()) -> Config:
+    return parse(parser(rung, without), argv)[0]
+
+
+def lr_scheduler(optimizer, config: Config, world_size: int, steps_per_epoch: int):
+    """Linear scaling of --lr with the global batch, after a warm-up (scaledl.schedule), as a LambdaLR."""
+    return schedule.torch_scheduler(optimizer, config, world_size, steps_per_epoch)
+
+
+@dataclass
+class Comm:
+    """The ranks' view of the job: enough for metrics, checkpoints and the in-sync check."""
+
+    rank: int = 0
+    world_size: int = 1
+    gather: Callable[[np.ndarray], np.ndarray] = local_gather  # (k,) -> (world_size, k)
+    barrier: Callable[[], None] = lambda: None
+    all_gather_object: Callable | None = None  # obj -> list, one per rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def torch_comm() -> Comm:
+    """torch.distributed's default group when one is up (DDP, FSDP2, DeepSpeed), else one process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return Comm()
+
+    def all_gather_object(obj):
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, obj)
+        return found
+
+    return Comm(dist.get_rank(), dist.get_world_size(), torch_gather, dist.barrier, all_gather_object)
+
+
+def horovod_comm(hvd) -> Comm:
+    """Horovod's collectives (horovod.torch or horovod.tensorflow, after hvd.init())."""
+    def gather(vector):
+        if hasattr(hvd, "allgather_object"):
+            return np.stack(hvd.allgather_object(vector))
+        return np.asarray(hvd.allgather(vector[None]))
+
+    return Comm(hvd.rank(), hvd.size(), gather, lambda: hvd.allgather_object(0), hvd.allgather_object)
+
+
+class Run:
+    """Steps, epochs, metrics, OUT_DIR and the summary: the part that is the same in every framework."""
+
+    def __init__(self, rung: str, config: Config, *, steps_per_epoch: int, num_samples: int, device: str,
+                 comm: Comm | None = None, can_resume: bool = False, replicas: int | None = None):
+        self.rung, self.config = rung, config
+        self.comm = comm or Comm()
+        self.rank, self.world_size, self.is_main = self.comm.rank, self.comm.world_size, self.comm.is_main
+        # Model replicas that train on different data: the global batch is batch_size * replicas.  All ranks
+        # but under tensor parallelism, whose world_size / replicas ranks share each batch (and count it once).
+        self.replicas = replicas or self.world_size
+        if steps_per_epoch < 1:
+            raise DataError(
+                f"{num_samples} training samples give each of {self.world_size} ranks "
+                f"{num_samples // self.world_size}, fewer than one --batch-size of {config.batch_size}: use more "
+                "data (--train-limit), a smaller --batch-size, or fewer ranks")
+        self.steps_per_epoch = steps_per_epoch
+        self.log = get_logger(self.rank)
+        self.epoch = self.step = 0
+        self.device = device
+        # Rank 0 checks OUT_DIR (and with --overwrite clears it) before anything is written.
+        self.resume = run_dir.claim(config.out_dir, config.resume, config.overwrite, self.is_main,
+                                    can_resume=can_resume, share=self.comm.all_gather_object)
+        self.history: History | None = None
+
+    def start(self) -> None:
+        """Open metrics.jsonl (its first line: the run's config); `epochs()` does it for you."""
+        if self.history is not None:
+            return
+        self.history = History(self.config.out_dir, self.rank, self.world_size, gather=self.comm.gather,
+                               config=self.config.to_dict(), resume=self.resume, tensorboard=self.config.tensorboard,
+                               run_info={"rung": self.rung, "device": str(self.device)},
+                               resume_step=self.step if self.resume else None)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.config.max_steps) and self.step >= self.config.max_steps
+
+    def epochs(self):
+        """The epochs left to train (all of them, or from the checkpoint's on --resume)."""
+        self.start()
+        for epoch in range(self.epoch, self.config.num_epochs):
+            if self.done:
+                break
+            self.epoch = epoch
+            yield epoch
+            if not self.done:
+                self.epoch = epoch + 1
+        if self.history.pending_steps:  # the last interval ends at its last step, not after the test and the save
+            self.history.log(self.history.total_steps)  # the record report.finish would write, without a log line
+        self.end_training()
+
+    def batches(self, loader):
+        """The loader's batches, skipping those a resumed run already trained, until --max-steps."""
+        skip = self.step - self.epoch * self.steps_per_epoch
+        for batch in itertools.islice(loader, max(skip, 0), None):
+            if self.done:
+                return
+            yield batch
+
+    def lr(self, step: int | None = None) -> float:
+        """The learning rate for the next step (or `step`): linear scaling with warm-up (`scaledl.schedule`)."""
+        return schedule.for_config(self.config, self.replicas, self.steps_per_epoch)(
+            self.step if step is None else step)
+
+    def record(self, loss_sum, correct, count: int) -> None:
+        """Count one finished step: sums over the batch stay on the device until the next log line."""
+        self.step += 1
+        self.history.step(loss_sum, correct, count)
+        if self.step % self.config.log_interval == 0:
+            self.log_metrics()
+            if self.history.stop_agreed:
+                self.stop_on_request()
+
+    def log_metrics(self) -> None:
+        # A stop request (SIGUSR1) rides in the metrics' collective: every rank learns of it at this step.
+        record = self.history.log(self.step, self.step / self.steps_per_epoch, stop=signals.stop_requested is not None,
+                                  lr=self.current_lr())
+        if record:
+            self.log.info("epoch %d step %d loss %.4f acc %.3f %.0f samples/s", self.epoch, self.step,
+                          record["loss"], record["accuracy"], record["samples_per_s"])
+
+    def stop_on_request(self) -> None:
+        """Every rank, at the same step, once one was sent SIGUSR1 (a scheduler's time-limit warning)."""
+        raise StoppedOnRequest(f"stopped at step {self.step} on SIGUSR1; this rung keeps no checkpoint, so running it "
+                               "again starts over")
+
+    def current_lr(self) -> float:
+        return schedule.for_config(self.config, self.replicas, self.steps_per_epoch)(max(self.step - 1, 0))
+
+    def end_training(self) -> None:
+        """Called once the last epoch (or --max-steps) is done."""
+
+    def finish(self, test_accuracy: float, **extra) -> dict:
+        """Write summary.json and print the summary line (every rank calls it: it is a collective)."""
+        memory = report.peak_memory_bytes(self.device)
+        summary = report.finish(self.rung, self.world_size, self.history, test_accuracy, self.config.out_dir,
+                                memory, self.is_main, **extra)
+        self.comm.barrier()  # every rank leaves together (see distributed.teardown)
+        return summary
+
+
+class TorchRun(Run):
+    """Run, plus what every PyTorch rung shares: lr schedule, precision, NaN guard, checkpoints.
+
+    `model` and `optimizer` are what a checkpoint holds (pass DDP's `.module`, the plain model);
+    `state` replaces how they are saved and loaded (FSDP2's full state dicts, DeepSpeed's
+    engine); `scheduler` is one the framework steps itself (DeepSpeed's engine does);
+    `replicas` is the data-parallel size when it is not the world size (tensor parallelism).
+    """
+
+    def __init__(self, rung: str, config: Config, device, model, optimizer, loader, *, comm: Comm | None = None,
+                 state: run_state.State | None = None, scheduler=None, replicas: int | None = None):
+        comm = comm or torch_comm()
+        super().__init__(rung, config, steps_per_epoch=len(loader), num_samples=len(loader.dataset),
+                         device=device, comm=comm, can_resume=True, replicas=replicas)
+        import torch
+
+        from scaledl import numerics, precision
+
+        self.model, self.optimizer = model, optimizer
+        self.engine_steps_scheduler = scheduler is not None
+        self.scheduler = scheduler or lr_scheduler(optimizer, config, self.replicas, len(loader))
+        self.scaler = precision.grad_scaler(device, config.precision)
+        self._autocast = lambda: precision.autocast(device, config.precision)
+        self.state = state or run_state.TorchState(model, optimizer)
+        self.meta = {"rung": rung, "world_size": self.world_size, "dataset": config.dataset,
+                     "train_limit": config.train_limit, "batch_size": config.batch_size, "seed": config.seed,
+                     # ZeRO-3 leaves each parameter a partition; ds_numel is its whole size.
+                     "num_params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())}
+        self.store = run_state.Store(config.out_dir, self.state, self.meta, config.keep_checkpoints,
+                                     self.is_main, comm.barrier)
+        # With fp16 the loss scaler skips overflowing steps itself; the guard stands aside.
+        self.guard = numerics.NonFiniteGuard(config.on_nonfinite, self.rank, self.store.path,
+                                             enabled=config.precision != "fp16", log=self.log,
+                                             step=lambda: self.step + 1)
+        if self.resume:
+            # Every rank checks what the checkpoint was written by before loading anything.
+            found = self.store.load(self.scheduler)
+            self.epoch, self.step = found["epoch"], found["step"]
+            total = min(config.max_steps or float("inf"), config.num_epochs * self.steps_per_epoch)
+            if self.step >= total:
+                # Training on would do nothing and then rewrite the finished run's summary.
+                raise NothingToDo(f"the run in {config.out_dir} has finished (step {self.step} of {total}; its "
+                                  f"results are in {config.out_dir}/summary.json), so there is nothing to resume: "
+                                  "to train it further, resume with a larger --epochs")
+        self._torch = torch
+
+    def autocast(self):
+        """bf16 or fp16 autocast with --precision; nothing with fp32."""
+        return self._autocast()
+
+    def current_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def end_step(self, loss=None, logits=None, y=None) -> None:
+        """After the optimizer step: schedule, metrics, --checkpoint-every.  A rank that sees no
+        loss (a pipeline's first stage) passes nothing and counts no samples."""
+        if not self.engine_steps_scheduler:
+            self.scheduler.step()
+        if loss is None:
+            zero = self._torch.zeros((), device=self.device)
+            self.record(zero, zero, 0)
+        else:
+            share = self.world_size // self.replicas  # ranks that trained on this same batch: each counts its share
+            self.record(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / share, len(y) / share)
+        if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
+            self.save()
+
+    def save(self) -> None:
+        self.store.save(self.scheduler, self.epoch, self.step)
+
+    def stop_on_request(self) -> None:
+        # Called from `record`, after the optimizer and scheduler stepped: the same state as --checkpoint-every's.
+        self.save()
+        raise StoppedOnRequest(f"saved a checkpoint at step {self.step} on SIGUSR1 and stopped: run the same command "
+                               f"with --resume to go on from there ({self.store.path}; the run is not finished: "
+                               "no summary.json yet)")
+
+    def end_training(self) -> None:
+        self.save()
+
+    def finish(self, test_accuracy: float, **extra) -> dict:
+        extra.setdefault("state_bytes_per_rank", self.state.bytes_per_rank())
+        in_sync = self.state.in_sync(self.comm)  # data parallelism's invariant, checked on every run
+        if in_sync is not None:
+            extra.setdefault("params_in_sync", in_sync)
+        return super().finish(test_accuracy, **extra)

@@ -1,0 +1,99 @@
+"""Lesson 0's checks: a launch that binds each rank next to its GPU, the verdicts and the prediction."""
+from __future__ import annotations
+
+from scaledl.workshop.checks.common import _unfinished, _verdict
+
+
+def check_binding_launch(placements: list, min_cpus: int = 8) -> bool:
+    """A launch the learner wrote (`scaledl.hpc.binding.plan` of it on a node's sysfs tree): every rank
+    local to its GPU, on CPUs of its own, and at least `min_cpus` CPUs (hardware threads) each: one
+    CPU per rank is local too, but starves the data loader and the host side.  The sysfs copy holds
+    no core siblings, so CPUs are counted, not cores."""
+    from scaledl.hpc.binding import format_cpulist as format_cpus
+
+    if not placements:
+        return _unfinished("CPU_BIND")
+    for p in placements:
+        if p.verdict != "local":
+            return _verdict(False, f"local rank {p.local_rank}: CPUs {format_cpus(p.cpus)} on NUMA node "
+                                   f"{','.join(map(str, p.cpu_nodes))}, its GPU on NUMA node {p.gpu_node} "
+                                   f"({p.verdict}): give it CPUs of NUMA node {p.gpu_node} only (the table above "
+                                   "lists them)")
+    for p, q in ((p, q) for i, p in enumerate(placements) for q in placements[i + 1:]):
+        if p.cpus & q.cpus:
+            return _verdict(False, f"local ranks {p.local_rank} and {q.local_rank} share CPUs "
+                                   f"{format_cpus(p.cpus & q.cpus)}: give each rank CPUs of its own")
+    for p in placements:
+        cpus = len(p.cpus)
+        if cpus < min_cpus:
+            return _verdict(False, f"local rank {p.local_rank} has {cpus} CPU{'s' * (cpus != 1)}, local but few: "
+                                   f"give it at least {min_cpus} of its NUMA node's {len(p.node_cpus)}")
+    shown = "; ".join(f"rank {p.local_rank}: CPUs {format_cpus(p.cpus)}, GPU on NUMA {p.gpu_node}" for p in placements)
+    return _verdict(True, f"every rank on its GPU's NUMA node, with CPUs of its own ({shown})")
+
+
+def check_binding_verdicts(verdicts, placements: list) -> bool:
+    """`verdicts[local_rank]` is "local", "split" or "far" for a launch whose ranks land as
+    `placements` (`scaledl.hpc.binding.plan`): the learner reads it off the node's table before the
+    launch's own printout shows it.  Local ranks as ints or digit strings; the words in any case."""
+    words = ("local", "split", "far")
+    if not verdicts:
+        return _unfinished("VERDICTS")
+    if not isinstance(verdicts, dict):
+        return _verdict(False, "`VERDICTS` is a dict: {local rank: 'local', 'split' or 'far'}")
+    given = {}
+    for key, value in verdicts.items():
+        rank = int(key) if isinstance(key, int) or (isinstance(key, str) and key.strip().isdigit()) else key
+        given[rank] = value.strip().lower() if isinstance(value, str) else value
+    missing = [p.local_rank for p in placements if p.local_rank not in given]
+    if missing:
+        return _verdict(False, f"give a verdict for every local rank: {', '.join(map(str, missing))} missing")
+    for rank, word in given.items():
+        if word not in words:
+            return _verdict(False, f"local rank {rank}: {word!r} is not a verdict; say 'local', 'split' or 'far'")
+    for p in placements:
+        if given[p.local_rank] != p.verdict:
+            return _verdict(False, f"local rank {p.local_rank} is not {given[p.local_rank]}: list the NUMA nodes "
+                                   f"its {len(p.cpus)} cores span (the table above gives each NUMA node's cores), "
+                                   "and compare them with its GPU's")
+    return _verdict(True, "; ".join(f"local rank {p.local_rank}: {p.verdict}" for p in placements))
+
+
+def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> bool:
+    """`prediction[local_rank] = (GPU, NUMA node of that GPU)` for a launch whose ranks land as
+    `placements` (`scaledl.hpc.binding.plan` on a node's sysfs tree); GPU as its number in PCI order
+    (what nvidia-smi shows) or its PCI address.  `gpu_nodes`: each GPU's PCI address -> NUMA node,
+    in PCI order.  The launch itself must put every rank on its GPU's NUMA node (local): a launch
+    with a far or split rank FAILs whatever was predicted."""
+    for p in placements:
+        if p.verdict != "local":
+            return _verdict(False, f"the launch runs local rank {p.local_rank} on NUMA node "
+                                   f"{','.join(map(str, p.cpu_nodes))} with a GPU on NUMA node {p.gpu_node} "
+                                   f"({p.verdict}): give each rank the GPU on its own cores' NUMA node")
+    if not isinstance(prediction, dict) or any(p.local_rank not in prediction for p in placements):
+        return _unfinished("prediction") if not prediction else _verdict(
+            False, f"predict every local rank 0-{len(placements) - 1}: `prediction` has {sorted(prediction)}")
+    order = list(gpu_nodes)
+    for p in placements:
+        want_gpu, want_node = order.index(p.gpu), p.gpu_node
+        try:
+            gpu, node = prediction[p.local_rank]
+            gpu = order.index(gpu.lower()) if isinstance(gpu, str) else int(gpu)
+            node = int(node)
+        except (TypeError, ValueError):
+            return _verdict(False, f"prediction[{p.local_rank}] = {prediction[p.local_rank]!r}: write (GPU number, "
+                                   "NUMA node), e.g. (2, 1)")
+        if gpu != want_gpu:
+            if gpu == p.local_rank:
+                hint = (f"that is cuda:<local_rank>; GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, "
+                        f"and local rank {p.local_rank}'s cores are on NUMA node {p.cpu_nodes[0]}")
+            elif 0 <= gpu < len(order):
+                hint = f"GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, not next to its cores"
+            else:
+                hint = f"this node has GPUs 0-{len(order) - 1}"
+            return _verdict(False, f"local rank {p.local_rank} does not drive GPU {gpu}: {hint}")
+        if node != want_node:
+            return _verdict(False, f"GPU {gpu} sits on NUMA node {want_node}, not {node}: a GPU's NUMA node is its "
+                                   "PCI root's, not its number (here the order is reversed)")
+    mapping = ", ".join(f"{p.local_rank}->GPU {order.index(p.gpu)}" for p in placements)
+    return _verdict(True, f"every local rank drives the GPU on its own NUMA node ({mapping}), all local")

@@ -1,0 +1,141 @@
+"""Lesson 2's checks: a stopwatch that tells the truth on an asynchronous device."""
+from __future__ import annotations
+
+import math
+
+from scaledl.workshop import async_timeline
+from scaledl.workshop.checks.common import _unfinished, _verdict
+
+# The device that check_samples_per_s times, in real time, and that lesson 2's figure and
+# check_stopwatch_prediction run in simulated time: one model of the queue for all three.
+SimulatedDevice = async_timeline.SimulatedDevice
+
+
+def check_samples_per_s(samples_per_s, batch_size: int = 64, num_steps: int = 5, warmup_steps: int = 3) -> bool:
+    """Run the learner's `samples_per_s(step, batch_size, synchronize, num_steps, warmup_steps)`
+    on a simulated device whose true rate is known.  Few timed steps of 40 ms each: one step
+    too many or too few counted is 17 to 25% off, the noise of sleeping a few percent."""
+    if samples_per_s is None:
+        return _unfinished("samples_per_s")
+    device = SimulatedDevice(step_s=0.04, warmup_steps=2, warmup_s=0.15)
+    try:
+        got = samples_per_s(device.step, batch_size, device.synchronize, num_steps=num_steps,
+                            warmup_steps=warmup_steps)
+    except NotImplementedError:
+        return _verdict(False, "samples_per_s still raises NotImplementedError: finish the exercise cell")
+    want = batch_size / device.step_s
+    if device.steps != num_steps + warmup_steps:
+        return _verdict(False, f"it ran {device.steps} steps for warmup_steps={warmup_steps} and "
+                               f"num_steps={num_steps}: run the warm-up steps, then exactly num_steps timed ones")
+    if not isinstance(got, (int, float)) or not got > 0:
+        return _verdict(False, f"it returned {got!r}: return samples per second, a positive number")
+    if any(math.isclose(got, seconds, rel_tol=0.15) for seconds in (num_steps * device.step_s, device.step_s)):
+        return _verdict(False, f"{got:.3g} looks like seconds: return samples per second")
+    if got > 3 * want:
+        return _verdict(False, f"{got:,.0f} samples/s, faster than the device can go ({want:,.0f}): the clock "
+                               "stopped before the queued work finished: synchronize before reading it")
+    if got < 0.7 * want:
+        return _verdict(False, f"{got:,.0f} samples/s, well below the steady {want:,.0f}: the slow first steps are "
+                               "in the timing: start the clock after the warm-up (and synchronize there too)")
+    # One step off, either way: n +- 1 steps' samples over n timed, or n over n +- 1 timed.
+    if any(abs(got / want - ratio) < 0.05 for ratio in ((num_steps - 1) / num_steps, (num_steps + 1) / num_steps,
+                                                          num_steps / (num_steps - 1), num_steps / (num_steps + 1))):
+        return _verdict(False, f"{got:,.0f} samples/s, {got / want:.0%} of the true {want:,.0f}: one step off: the "
+                               f"clock must cover exactly the {num_steps} timed steps, and count their samples")
+    if not 0.9 < got / want < 1.1:
+        return _verdict(False, f"{got:,.0f} samples/s, expected {want:,.0f}: count only the samples of the timed "
+                               "steps, and stop the clock after the device has finished them")
+    return _verdict(True, "within 10% of the simulated device's true rate: warm-up left out, the device "
+                          "synchronized before each clock reading")
+
+
+# (launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize): GPU-bound and launch-bound,
+# with and without synchronize, warm-up steps that a count can wrongly take in, and one step alone.
+_STOPWATCH_CASES = [(0.001, 0.004, 64, 4, 2, True), (0.003, 0.001, 32, 5, 3, True),
+                    (0.0005, 0.005, 128, 10, 2, False), (0.003, 0.001, 32, 5, 3, False),
+                    (0.002, 0.0015, 16, 1, 1, True)]
+
+
+def _stopwatch_slips(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize) -> list:
+    """(samples/s, what went wrong) for the wrong predictions learners make, in the order they
+    are told apart."""
+    L, D, B, n, w = launch_s, device_s, batch_size, num_steps, warmup_steps
+
+    def seconds(steps: int, sync: bool) -> float:  # the closed form of async_timeline.stopwatch
+        return L + D + (steps - 1) * max(L, D) if sync else steps * L
+
+    drain = ("that is the host's pace: with synchronize the clock also waits while the device runs "
+             "what is still queued")
+    warm = ("the warm-up steps run before the clock starts (and are synchronized): they are in neither "
+            "the time nor the samples")
+    one_off = ("one step off: the clock runs from the first timed launch to the moment it is read, "
+               "over exactly num_steps steps' samples")
+    if not synchronize:
+        slips = [(n * B / seconds(n, True), "that is the reading after synchronize: without it the clock stops as "
+                                            "soon as the host has launched the last step"),
+                 (B / D, "that is the device's pace: without synchronize the clock never waits for the device"),
+                 (B / (L + D), "the host does not wait for each step to run: it only launches them")]
+    else:
+        slips = [(B / L, drain if D > L else "the host's pace, but the clock also waits for the last step to run "
+                                           "on the device"),
+                 (B / D, "the device's pace, but the clock also holds the first launch, before the device has "
+                         "anything to run" if D > L else
+                         "the device is faster than the host feeds it: it waits between steps, so the "
+                         "launches set the pace"),
+                 (n * B / (L + n * D), "the device waits for each launch: where launching takes longer than "
+                                       "running, the launches set the pace"),
+                 (B / max(L, D), "that is the pace in between: the clock also holds the first launch (the "
+                                 "device has nothing to run yet) and the last run (the host has nothing left "
+                                 "to launch)"),
+                 (B / (L + D), "the host does not wait for the device between steps: it launches the next "
+                               "step while the device runs the last one")]
+    if w:
+        slips += [((n + w) * B / seconds(n + w, synchronize), warm), ((n + w) * B / seconds(n, synchronize), warm),
+                  (n * B / seconds(n + w, synchronize), warm)]
+    slips += [(steps * B / seconds(timed, synchronize), one_off)
+              for steps, timed in ((n, n + 1), (n, n - 1), (n + 1, n), (n - 1, n)) if timed > 0]
+    if synchronize:
+        slips += [(n * B / (n * max(L, D) + D), "the device cannot start before the first launch is done"),
+                  (n * B / (L + n * max(L, D)), "the last step runs on the device after the host has launched it")]
+    return slips
+
+
+def check_stopwatch_prediction(predict) -> bool:
+    """`predict(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize) -> samples/s`,
+    what lesson 2's stopwatch reads on a device that queues work, against the reading of that
+    stopwatch run on `async_timeline.SimulatedDevice` in simulated time (exact, no noise)."""
+    if predict is None:
+        return _unfinished("stopwatch_reads")
+    for case in _STOPWATCH_CASES:
+        launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize = case
+        where = (f"launch {launch_s * 1e3:g} ms, device {device_s * 1e3:g} ms, {num_steps} steps of {batch_size} "
+                 f"after {warmup_steps} warm-up, synchronize={synchronize}")
+        try:
+            raw = predict(*case)
+        except NotImplementedError:
+            return _verdict(False, "stopwatch_reads still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{where}: stopwatch_reads raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        try:
+            got = math.nan if isinstance(raw, bool) else float(raw)
+        except (TypeError, ValueError):
+            got = math.nan
+        if not 0 < got < math.inf:
+            return _verdict(False, f"{where}: it returned {raw!r}: return samples per second, a positive number")
+        reading = async_timeline.stopwatch(launch_s, device_s, num_steps, warmup_steps=warmup_steps)
+        want = reading.samples_per_s(batch_size, synchronize)
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        if got < 1:
+            hint = "that looks like seconds: return samples per second"
+        elif math.isclose(got * 1e3, want, rel_tol=1e-6):
+            hint = "that is samples per millisecond: launch_s and device_s are in seconds"
+        else:
+            hint = next((message for value, message in _stopwatch_slips(*case)
+                         if math.isclose(got, value, rel_tol=1e-6)),
+                        "follow the first and the last timed step through the figure: when does the clock stop?")
+        shown = f"{got:.3g}" if got < 1 else f"{got:,.0f} samples/s"
+        return _verdict(False, f"{where}: {shown}, the stopwatch reads {want:,.0f} samples/s: {hint}")
+    return _verdict(True, f"all {len(_STOPWATCH_CASES)} cases: without synchronize the clock reads the host's "
+                          "launches; with it, the queue drains first; the warm-up stays outside the clock")

@@ -1,0 +1,138 @@
+"""Lesson 3's checks: an all-reduce on live ranks, sharding by global rank, the ring's cost."""
+from __future__ import annotations
+
+import math
+
+from scaledl.workshop.checks.common import _unfinished, _verdict
+
+
+def check_all_reduce(values_by_rank: list, world_size: int) -> bool:
+    """After all_reduce(SUM) of rank + 1 every rank holds 1 + 2 + ... + world_size."""
+    if values_by_rank is None:
+        return False
+    if world_size < 2:
+        return _verdict(False, "one rank cannot tell a sum from its own value: start 2 or more (WORLD_SIZE = 2)")
+    expected = world_size * (world_size + 1) / 2
+    values = [float(v) for v in values_by_rank]
+    wrong = [(rank, v) for rank, v in enumerate(values) if v != expected]
+    if not wrong:
+        return _verdict(True, f"every rank holds {expected:g}, the sum over all ranks")
+    rank, value = wrong[0]
+    if values[0] == expected and value == rank + 1:
+        hint = "only rank 0 holds the sum: a reduce delivers to one rank, and every rank needs it"
+    elif value == rank + 1:
+        hint = "it still holds its own value: every rank must take part in the collective"
+    elif value == world_size:
+        hint = "that is the largest value: the reduce op must be a sum"
+    elif value == (world_size + 1) / 2:
+        hint = "that is the average: this exercise wants the sum (the default op)"
+    else:
+        hint = "check the reduce op (a sum) and that every rank takes part"
+    return _verdict(False, f"rank {rank} holds {value:g}, expected {expected:g}: {hint}")
+
+
+def check_sharding(shard, num_samples: int = 20, nodes: int = 2, ranks_per_node: int = 3) -> bool:
+    """`shard(num_samples, rank, local_rank, world_size) -> indices`, run for every rank of a
+    simulated job of `nodes` nodes, on a number of samples the world size does not divide:
+    every sample exactly once across all ranks, except what DistributedSampler does to give
+    every rank as many samples (it repeats fewer than world_size of them, or with drop_last
+    leaves fewer than world_size out)."""
+    if shard is None:
+        return _unfinished("shard")
+    world_size = nodes * ranks_per_node
+    by_rank = []
+    for rank in range(world_size):
+        try:
+            by_rank.append([int(i) for i in shard(num_samples, rank, rank % ranks_per_node, world_size)])
+        except NotImplementedError:
+            return _verdict(False, "shard still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            message = (str(error).splitlines() or [""])[0]
+            return _verdict(False, f"shard(num_samples={num_samples}, rank={rank}, local_rank={rank % ranks_per_node}, "
+                                   f"world_size={world_size}) raised {type(error).__name__}: {message}")
+    where = f"on {nodes} nodes x {ranks_per_node} ranks, {num_samples} samples"
+    owners: dict[int, list[int]] = {}
+    for rank, indices in enumerate(by_rank):
+        for index in indices:
+            owners.setdefault(index, []).append(rank)
+    strays = sorted(set(owners) - set(range(num_samples)))
+    if strays:
+        return _verdict(False, f"{where}: index {strays[0]} is not a sample (0 to {num_samples - 1})")
+    sizes = {len(indices) for indices in by_rank}
+    repeats = sum(len(ranks) - 1 for ranks in owners.values())
+    missing = sorted(set(range(num_samples)) - set(owners))
+    padded = repeats < world_size and len(sizes) == 1  # DistributedSampler evens out the ranks
+    if repeats and not padded:
+        pairs = [(index, a, b) for index, ranks in sorted(owners.items()) for a in ranks for b in ranks if a < b]
+        # Name a pair of ranks with the same local rank when there is one: that is the usual mistake.
+        index, first, second = next((pair for pair in pairs if pair[1] % ranks_per_node == pair[2] % ranks_per_node),
+                                    pairs[0])
+        ranks = [first, second]
+        same_local = first % ranks_per_node == second % ranks_per_node
+        hint = ("you sharded by local rank, which repeats on every node: use the global rank" if same_local
+                else "each rank needs its own place: the global rank among world_size ranks")
+        return _verdict(False, f"{where}: ranks {ranks[0]} and {ranks[1]} both get sample {index}: {hint}")
+    if missing and not (not repeats and len(missing) < world_size and len(sizes) == 1):
+        return _verdict(False, f"{where}: {len(missing)} samples are never seen (first: {missing[0]}): together "
+                               "the shards must cover the data: one shard per rank of the whole job (world_size)")
+    if repeats:
+        said = (f"every sample goes to one rank, {repeats} also to a second so that every rank gets {sizes.pop()} "
+                "(DistributedSampler's padding)")
+    elif missing:
+        said = f"no sample goes to two ranks; {len(missing)} are left out of the epoch so that every rank gets " \
+               f"{sizes.pop()} (drop_last)"
+    elif len(sizes) > 1:
+        said = (f"each sample goes to exactly one rank (ranks get {min(sizes)} to {max(sizes)}: DistributedSampler "
+                "pads instead, so that every rank runs the same number of steps)")
+    else:
+        said = "each sample goes to exactly one rank"
+    return _verdict(True, f"{where}: {said}")
+
+
+
+def ring_allreduce_s(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """The ring all-reduce's time: 2(p-1) messages of latency alpha, and 2(p-1)/p of the n bytes
+    through each rank's link at beta bytes/s (Patarasuk and Yuan, 2009; Thakur et al., 2005)."""
+    p = world_size
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
+
+
+# (bytes, ranks, alpha s, beta bytes/s): 8 and 3 ranks so that 2(p-1)/p is neither 1 nor 2, a latency
+# large enough to see, a bandwidth that is not 1.
+_RING_CASES = [(100e6, 8, 50e-6, 10e9), (1e3, 8, 50e-6, 10e9), (64e6, 3, 5e-6, 200e9), (1e9, 64, 10e-6, 25e9)]
+
+
+def check_ring_prediction(predict) -> bool:
+    """`predict(nbytes, world_size, alpha, beta) -> seconds`, the ring all-reduce's cost model,
+    against the formula on cases where a half-ring (p-1 steps), a missing 2(p-1)/p, or beta used
+    as seconds per byte differ.  (The lesson puts the prediction beside a measured time itself:
+    a verdict holds no number that changes from run to run.)"""
+    if predict is None:
+        return _unfinished("predict")
+    for nbytes, p, alpha, beta in _RING_CASES:
+        case = f"{nbytes:,.0f} bytes on {p} ranks, alpha {alpha * 1e6:g} us, beta {beta / 1e9:g} GB/s"
+        try:
+            got = float(predict(nbytes, p, alpha, beta))
+        except NotImplementedError:
+            return _verdict(False, "predict still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: predict raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = ring_allreduce_s(nbytes, p, alpha, beta)
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        latency, bandwidth = 2 * (p - 1) * alpha, 2 * (p - 1) / p * nbytes / beta
+        slips = [(latency / 2 + bandwidth / 2, "that is half the ring: a reduce-scatter and an all-gather, "
+                                               "p-1 steps each"),
+                 (latency / 2 + bandwidth, "the latency counts p-1 messages: each half of the ring sends p-1"),
+                 (latency + nbytes / beta, "each rank sends 2(p-1)/p of the bytes, not the buffer once"),
+                 (latency + 2 * nbytes / beta, "each rank sends 2(p-1)/p of the bytes: a chunk of n/p per step"),
+                 (latency + 2 * (p - 1) / p * nbytes * beta, "beta is bytes per second: divide the bytes by it"),
+                 (bandwidth, "the latency term is missing: 2(p-1) messages, alpha each"),
+                 (latency, "the bandwidth term is missing: 2(p-1)/p n bytes at beta bytes/s"),
+                 (2 * p * alpha + 2 * nbytes / beta, "count p-1 steps per half, not p")]
+        hint = next((message for value, message in slips if math.isclose(got, value, rel_tol=1e-6)),
+                    "t = 2(p-1) alpha + 2(p-1)/p n / beta")
+        return _verdict(False, f"{case}: {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms: {hint}")
+    return _verdict(True, "the ring's cost model on 3, 8 and 64 ranks: 2(p-1) latencies and 2(p-1)/p of the bytes "
+                          "through each rank's link")

@@ -1,0 +1,157 @@
+"""Lesson 6's checks: DDP keeps ranks in sync, accumulates without extra all-reduces, and buckets."""
+from __future__ import annotations
+
+import math
+
+from scaledl.workshop.checks.common import _unfinished, _verdict
+
+_IN_SYNC_FIXES = {
+    "ddp": "wrap the model in DDP before the first step (it broadcasts rank 0's weights and averages gradients)",
+    "deepspeed": "train through the engine deepspeed.initialize returned: engine(x), engine.backward, engine.step",
+}
+
+
+def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
+    """After a data-parallel step every rank must hold bit-identical parameters."""
+    if fingerprints_by_rank is None:
+        return False
+    if len(fingerprints_by_rank) < 2:  # one rank agrees with itself whatever the code does
+        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
+    if any(f is None for f in fingerprints_by_rank):
+        return _verdict(False, "the training cell did not finish on every rank: finish the exercise and run it")
+    if len(set(fingerprints_by_rank)) == 1:
+        return _verdict(True, f"all {len(fingerprints_by_rank)} ranks hold identical parameters")
+    differing = [rank for rank, f in enumerate(fingerprints_by_rank) if f != fingerprints_by_rank[0]]
+    return _verdict(False, f"rank {differing[0]} holds different parameters than rank 0: {_IN_SYNC_FIXES[framework]}")
+
+
+
+def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance: float = 1e-5) -> bool:
+    """DDP gradient accumulation.  Each rank reports {"max_error": largest difference of its
+    weights from one SGD step on the big batch (all ranks' micro batches), "all_reduces": bucket
+    all-reduces in the window, "buckets": all-reduces one synchronized backward makes}, and
+    optionally the same difference from a step of accumulation_steps x lr ("error_unscaled": the
+    micro losses were not divided) and of lr / world_size ("error_over_ranks": divided by the
+    ranks too, which DDP's average already does)."""
+    if reports_by_rank is None:
+        return False
+    if len(reports_by_rank) < 2:  # one rank: no all-reduce to skip, no other rank's samples to match
+        return _verdict(False, "one rank has nothing to synchronize with: start 2 or more (WORLD_SIZE = 2)")
+    if any(r is None for r in reports_by_rank):
+        return _verdict(False, "the accumulation cell did not finish on every rank: finish the exercise and run it")
+    buckets = reports_by_rank[0]["buckets"]
+    calls = max(r["all_reduces"] for r in reports_by_rank)
+    if min(r["all_reduces"] for r in reports_by_rank) == 0:
+        return _verdict(False, "no gradient was all-reduced in the window: the last micro batch's backward must "
+                               "synchronize, or the ranks drift apart")
+    if calls > buckets:
+        return _verdict(False, f"{calls} all-reduces in a window of {accumulation_steps} micro batches, "
+                               f"{calls / buckets:g} backwards' worth: skip the synchronization on all but the last "
+                               "micro batch (DDP has a context manager for it; the forward belongs inside it too)")
+    worst = max(reports_by_rank, key=lambda r: r["max_error"])
+    error = worst["max_error"]
+    if not error < tolerance:
+        world_size = len(reports_by_rank)
+        if worst.get("error_unscaled", math.inf) < tolerance:
+            hint = (f"the step is {accumulation_steps}x too large: divide each micro batch's loss by "
+                    f"{accumulation_steps}, so that the window's gradient is the mean over its samples")
+        elif worst.get("error_over_ranks", math.inf) < tolerance:
+            hint = (f"the step is {world_size}x too small: DDP already averages over the ranks, so divide each "
+                    f"micro batch's loss by the accumulation steps ({accumulation_steps}) only")
+        else:
+            hint = ("one all-reduce, but not of the whole window: the synchronized backward must be the last, "
+                    f"after the other micro batches accumulated; each loss divided by {accumulation_steps}, "
+                    "one optimizer step per window")
+        return _verdict(False, f"the weights differ from one big-batch step by {error:.2g}: {hint}")
+    return _verdict(True, f"one all-reduce per window ({buckets} bucket{'s' * (buckets != 1)}) and the same weights "
+                          f"as one step on the {accumulation_steps}x larger batch of all {len(reports_by_rank)} ranks")
+
+
+def _bucket_models() -> list:
+    """(description, model, bucket_cap_mb) cases where the usual wrong rules give other buckets than DDP's:
+    a bucket that reaches its cap exactly, caps in MiB that 10**6 bytes do not reach, the default caps
+    (a 1 MiB first bucket, 25 MiB after it) on a model of 8 MB, and a frozen layer."""
+    import torch.nn as nn
+
+    from scaledl import models
+
+    def linears(*sizes, bias=True):
+        return nn.Sequential(*[nn.Linear(n_in, n_out, bias=bias) for n_in, n_out in zip(sizes, sizes[1:])])
+
+    frozen = models.torch_cnn(width=16)
+    frozen[0].requires_grad_(False)
+    return [("the lesson's CNN (width 64) with bucket_cap_mb=1", models.torch_cnn(width=64), 1),
+            ("3 bias-free 512x512 layers (1 MiB each) with bucket_cap_mb=1",
+             linears(512, 512, 512, 512, bias=False), 1),
+            ("2 bias-free 500x500 layers (10**6 B each) with bucket_cap_mb=1", linears(500, 500, 500, bias=False), 1),
+            ("layers 1000-1000-1000-10 with the default caps", linears(1000, 1000, 1000, 10), None),
+            ("the CNN (width 16) with its first layer frozen, bucket_cap_mb=0.1", frozen, 0.1)]
+
+
+def _buckets_by_rule(model, bucket_cap_mb, order=-1, first_cap=True, reach=True, unit=2**20, frozen=False,
+                     element_bytes=True, fit_before=False) -> list[list[str]]:
+    """DDP's bucketing with one rule changed, to name the rule a wrong answer broke."""
+    cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * unit)
+    caps = [2**20 if bucket_cap_mb is None and first_cap else cap, cap]
+    buckets, names, size = [], [], 0
+    for name, param in list(model.named_parameters())[::order]:
+        if not (param.requires_grad or frozen):
+            continue
+        nbytes = param.numel() * (param.element_size() if element_bytes else 1)
+        limit = caps[min(len(buckets), 1)]
+        if fit_before and names and size + nbytes > limit:
+            buckets.append(names)
+            names, size = [], 0
+            limit = caps[min(len(buckets), 1)]
+        names.append(name)
+        size += nbytes
+        if not fit_before and (size >= limit if reach else size > limit):
+            buckets.append(names)
+            names, size = [], 0
+    return buckets + ([names] if names else [])
+
+
+_BUCKET_HINTS = [
+    ({"order": 1}, "DDP fills its buckets in the order the gradients become ready: backward reaches the last "
+                   "layer first, so walk the parameters from last to first"),
+    ({"frozen": True}, "a parameter with requires_grad=False gets no gradient and joins no bucket"),
+    ({"reach": False}, "a bucket closes as soon as its bytes reach the cap (at or past it), not only once it is past"),
+    ({"unit": 10**6}, "bucket_cap_mb counts MiB: multiply by 1024 * 1024, not 10**6"),
+    ({"fit_before": True}, "a bucket takes the tensor that brings it to its cap or past it, then closes: the "
+                           "tensor does not move on to the next bucket (that is Horovod's fusion, not DDP's)"),
+    ({"first_cap": False}, "with the default caps the first bucket is smaller: 1 MiB, so that the first "
+                           "all-reduce starts early; the others take 25 MiB"),
+    ({"element_bytes": False}, "the cap is in bytes: a float32 parameter takes 4 bytes per element"),
+]
+
+
+def _shown(buckets: list) -> str:
+    return " | ".join(", ".join(bucket) for bucket in buckets)
+
+
+def check_ddp_buckets(predict) -> bool:
+    """`predict(model, bucket_cap_mb)` -> DDP's buckets, a list of lists of parameter names in the
+    order they are all-reduced, against `scaledl.perf.comm_estimate.ddp_buckets` (torch's own
+    `_compute_bucket_assignment_by_size`, checked in tests/test_comm_estimate.py)."""
+    from scaledl.perf import comm_estimate
+
+    if predict is None:
+        return _unfinished("predict_buckets")
+    cases = _bucket_models()
+    for case, model, bucket_cap_mb in cases:
+        try:
+            got = [list(bucket) for bucket in predict(model, bucket_cap_mb)]
+        except NotImplementedError:
+            return _verdict(False, "predict_buckets still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: predict_buckets raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = [bucket["names"] for bucket in comm_estimate.ddp_buckets(model, bucket_cap_mb)]
+        if got == want:
+            continue
+        hints = [hint for change, hint in _BUCKET_HINTS if got == _buckets_by_rule(model, bucket_cap_mb, **change)]
+        hint = hints[0] if hints else ("each parameter that needs a gradient goes in exactly one bucket, last layer "
+                                       "first; a bucket closes once its bytes reach its cap")
+        return _verdict(False, f"{case}: you made [{_shown(got)}], DDP makes [{_shown(want)}]: {hint}")
+    return _verdict(True, f"all {len(cases)} models bucketed as DDP buckets them: last layer first, each bucket "
+                          "closed once it reaches its cap, the first one 1 MiB by default")

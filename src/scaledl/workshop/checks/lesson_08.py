@@ -1,0 +1,183 @@
+"""Lesson 8's checks: DeepSpeed's batch arithmetic and accumulation, and the ranks in sync."""
+from __future__ import annotations
+
+import math
+
+from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.lesson_06 import check_in_sync  # noqa: F401  (lesson 8 checks the same sync)
+
+
+def deepspeed_batch(config: dict, world_size: int) -> tuple[int, int, int]:
+    """(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps) as
+    DeepSpeed resolves them, or ValueError with DeepSpeed's reason for refusing the config.
+
+    DeepSpeed needs one of train_batch_size and train_micro_batch_size_per_gpu, fills in the
+    numbers left out (integer division; accumulation 1 when two are missing), then requires
+    train = micro x accumulation x world_size, every one above 0: DeepSpeedConfig's
+    `_set_batch_related_parameters` and `_batch_assertion` (deepspeed/runtime/config.py, 0.19.8;
+    the same rules in 0.17.6)."""
+    train = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps")
+    for name, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                        ("gradient_accumulation_steps", accumulation)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{name} is {value!r}: DeepSpeed wants a number")
+    if train is not None and micro is not None and accumulation is None:
+        accumulation = train // micro // world_size
+    elif train is not None and accumulation is not None and micro is None:
+        micro = train // world_size // accumulation
+    elif micro is not None and accumulation is not None and train is None:
+        train = micro * accumulation * world_size
+    elif train is not None and micro is None and accumulation is None:
+        micro, accumulation = train // world_size, 1
+    elif micro is not None and train is None and accumulation is None:
+        train, accumulation = micro * world_size, 1
+    elif train is None and micro is None:
+        raise ValueError("DeepSpeed needs train_batch_size or train_micro_batch_size_per_gpu (or both)")
+    for name, value in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                        ("gradient_accumulation_steps", accumulation)):
+        if value <= 0:
+            raise ValueError(f"{name} comes to {value}: DeepSpeed wants every batch number above 0")
+    if train != micro * accumulation * world_size:
+        raise ValueError(f"train_batch_size {train} != micro batch {micro} x accumulation {accumulation} x "
+                         f"world_size {world_size}: DeepSpeed refuses this config; the global batch counts every "
+                         "micro batch of every rank")
+    return train, micro, accumulation
+
+
+def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_size: int = 8,
+                           accumulation_steps: int = 3) -> bool:
+    """A config DeepSpeed accepts (any of the three batch numbers may be left for it to infer:
+    `deepspeed_batch`) whose batch is the one the exercise asks for, with clipping off.
+
+    The exercise runs on 2 or more ranks with an accumulation that differs from the world size,
+    so a global batch that leaves out the ranks and one that leaves out the accumulation come to
+    different numbers, both wrong.  Clipping must be off explicitly: DeepSpeed clips the gradient
+    norm to 1.0 when the key is missing from 0.19.3 on (constants.py GRADIENT_CLIPPING_DEFAULT,
+    DeepSpeed PR 8068), and not at all before (0.17.6 included)."""
+    if configs_by_rank is None:
+        return False
+    if world_size < 2:  # on one rank a global batch without the ranks is right by accident
+        return _verdict(False, "one rank cannot tell a global batch from a local one: start 2 or more "
+                               "(WORLD_SIZE = 2)")
+    config = configs_by_rank[0]
+    if not isinstance(config, dict):
+        return _verdict(False, f"ds_config is {type(config).__name__}: write the config as a dict")
+    try:
+        train, micro, accumulation = deepspeed_batch(config, world_size)
+    except ValueError as error:
+        return _verdict(False, str(error))
+    if micro != micro_batch_size:
+        hint = (": that is the global batch, every rank's micro batches together" if micro == train
+                else f" ({world_size} ranks' worth): the micro batch is one rank's" if micro == micro_batch_size
+                * world_size else "")
+        return _verdict(False, f"the micro batch per rank comes to {micro}; the exercise asks for "
+                               f"{micro_batch_size}{hint}")
+    if accumulation != accumulation_steps:
+        return _verdict(False, f"gradient accumulation comes to {accumulation} micro batches per optimizer step; "
+                               f"the exercise asks for {accumulation_steps}")
+    clipping = config.get("gradient_clipping")
+    if clipping is None:
+        return _verdict(False, "no \"gradient_clipping\": DeepSpeed 0.19.3 and later clip the gradient norm to 1.0 "
+                               "by default (older releases do not): set it to 0 so that no release clips")
+    if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping > 0:
+        return _verdict(False, f"\"gradient_clipping\" is {clipping!r}: DeepSpeed clips the gradient norm to that; "
+                               "the other rungs do not clip, so set 0")
+    inferred = [name for name in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                  "gradient_accumulation_steps") if name not in config]
+    said = f" (DeepSpeed infers {', '.join(inferred)})" if inferred else ""
+    return _verdict(True, f"global batch {train} = micro batch {micro} x accumulation {accumulation} x "
+                          f"world_size {world_size}{said}, and nothing is clipped")
+
+
+
+def accumulation_plan(micro_steps: int, accumulation_steps: int, zero_stage: int) -> tuple[int, int]:
+    """(backward passes that reduce gradients, optimizer steps) of a DeepSpeed engine over
+    `micro_steps` micro steps: the optimizer steps at each full window's end; stages 0-1 reduce in
+    that window's last backward only, stages 2-3 in every backward (engine.py, allreduce_gradients)."""
+    steps = micro_steps // accumulation_steps
+    return (micro_steps if zero_stage >= 2 else steps), steps
+
+
+# (micro steps, accumulation steps, ZeRO stage): a window that divides, one that does not, stage 2's
+# every-backward reduction, and no accumulation at all.
+_PLAN_CASES = [(12, 4, 0), (7, 3, 1), (7, 3, 2), (5, 1, 0), (8, 4, 3)]
+
+
+def check_accumulation_plan(plan, measured: tuple | None = None) -> bool:
+    """`plan(micro_steps, accumulation_steps, zero_stage) -> (reducing backwards, optimizer steps)`
+    against DeepSpeed's engine; with `measured = (micro_steps, accumulation_steps, zero_stage,
+    reducing backwards, optimizer steps)` from the live ranks, against what they did too."""
+    if plan is None:
+        return _unfinished("plan")
+    cases = [*_PLAN_CASES, *([measured[:3]] if measured else [])]
+    for micro_steps, accumulation, stage in cases:
+        case = f"{micro_steps} micro steps, gradient_accumulation_steps {accumulation}, ZeRO stage {stage}"
+        try:
+            got = tuple(int(value) for value in plan(micro_steps, accumulation, stage))
+        except NotImplementedError:
+            return _verdict(False, "plan still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: plan raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        want = accumulation_plan(micro_steps, accumulation, stage)
+        if got == want:
+            continue
+        reductions, steps = got
+        if steps != want[1]:
+            hint = ("the optimizer steps once per full window; a window left unfinished has not stepped yet"
+                    if steps in (-(-micro_steps // accumulation), micro_steps / accumulation) else
+                    "engine.step() is called every micro step but applies the optimizer only at a window's end"
+                    if steps == micro_steps else "count the full windows")
+        elif stage < 2:
+            hint = ("at stages 0-1 the engine reduces only in a window's last backward: the others accumulate "
+                    "locally" if reductions == micro_steps else "one reduction per full window, in its last backward")
+        else:
+            hint = ("from stage 2 on every backward reduces: each rank keeps only its part of the gradients, so it "
+                    "cannot accumulate the whole of them")
+        return _verdict(False, f"{case}: you said {reductions} reducing backwards and {steps} optimizer steps, "
+                               f"DeepSpeed makes {want[0]} and {want[1]}: {hint}")
+    said = f"all {len(cases)} cases as DeepSpeed's engine counts them"
+    if measured:
+        micro_steps, accumulation, stage, reductions, steps = measured
+        if (reductions, steps) != accumulation_plan(micro_steps, accumulation, stage):
+            return _verdict(False, f"{said}, but the live ranks did {reductions} and {steps} in {micro_steps} micro "
+                                   "steps: rerun the measurement cell")
+        said += f", and as the live ranks did ({reductions} reducing backwards, {steps} optimizer steps)"
+    return _verdict(True, said)
+
+
+def check_window_prediction(predicted, measured, grad_bytes: int, world_size: int, accumulation_steps: int) -> bool:
+    """Lesson 8: `predicted` = {"all_reduces": n, "bytes": b}, what ZeRO stage 2's backwards all-reduce in
+    one accumulation window, against `measured` (the same keys, from the live ranks).  It passes only on
+    the measurement; the hints name the usual wrong models of stage 2 (`grad_bytes` of gradients,
+    all-reduced whole per backward by DeepSpeed 0.19.8's default `use_multi_rank_bucket_allreduce`)."""
+    if predicted is None:
+        return _unfinished("stage2_window")
+    if not isinstance(predicted, dict) or not {"all_reduces", "bytes"} <= set(predicted):
+        return _verdict(False, "`stage2_window` needs two keys: {\"all_reduces\": ..., \"bytes\": ...}")
+    if not measured:
+        return _verdict(False, "no measurement: run the stage-2 cell above on the ranks first")
+    calls, nbytes = predicted["all_reduces"], predicted["bytes"]
+    want_calls, want_bytes = measured["all_reduces"], measured["bytes"]
+    if calls != want_calls:
+        if calls == 1:
+            hint = "one per window is stages 0 and 1; stage 2 keeps no whole gradient between backwards"
+        elif calls > accumulation_steps:
+            hint = "the engine flattens a bucket's gradients into one buffer: one call per bucket, not per tensor"
+        else:
+            hint = "count the backwards in a window that reduce"
+        return _verdict(False, f"{calls} all-reduces, the ranks made {want_calls}: {hint}")
+    if math.isclose(nbytes, want_bytes):
+        return _verdict(True, f"{want_calls} all-reduces in a window's backwards, {want_bytes:,} bytes in all, "
+                              f"as the ranks measured")
+    p, a = world_size, accumulation_steps
+    wrong = [(a * grad_bytes / p, "each rank keeps 1/world_size of the sum, but the call carries the whole bucket"),
+             (2 * (p - 1) / p * a * grad_bytes, "that is what the ring sends per rank: count the buffer all-reduced"),
+             (grad_bytes, "those are one backward's bytes: add up the window"),
+             (8 * a * grad_bytes, "that counts bits: count bytes, 4 for each fp32 gradient"),
+             (a * grad_bytes / 4, "that counts gradients: each fp32 gradient is 4 bytes")]
+    hint = next((text for value, text in wrong if math.isclose(nbytes, value)),
+                "the gradients of the whole model, in fp32, in every backward of the window")
+    return _verdict(False, f"{nbytes:,} bytes, the ranks all-reduced {want_bytes:,}: {hint}")

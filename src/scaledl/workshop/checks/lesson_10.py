@@ -1,0 +1,66 @@
+"""Lesson 10's checks: a pipeline's hand-off and a tensor-parallel MLP."""
+from __future__ import annotations
+
+from scaledl.workshop.checks.common import _verdict
+
+
+def check_pipeline(received, logits, first_stage_output, full_logits, tolerance: float = 1e-4) -> bool:
+    """Rank 1's received buffer must hold rank 0's stage output, and its logits (its stage on
+    that buffer) must equal the whole model's on the same batch.  Tensors on the CPU."""
+    if received is None:
+        return _verdict(False, "rank 1 has no `activations`: receive rank 0's output into a buffer of that name")
+    if tuple(received.shape) != tuple(first_stage_output.shape):
+        return _verdict(False, f"rank 1's buffer has shape {tuple(received.shape)}, but rank 0 sends "
+                               f"{tuple(first_stage_output.shape)}: a receive buffer must match what is sent")
+    if not (received - first_stage_output).abs().max().item() < tolerance:
+        return _verdict(False, "rank 1's buffer does not hold rank 0's output: rank 0 must send it and rank 1 "
+                               "receive into the buffer before using it")
+    if logits is None:
+        return _verdict(False, "rank 1 has no `logits`: run its stage on the activations it received")
+    error = (logits - full_logits).abs().max().item()
+    if not error < tolerance:
+        return _verdict(False, f"rank 1's logits differ from the whole model's (max error {error:.2g}): "
+                               "run rank 1's own stage on the received activations")
+    return _verdict(True, "rank 1 received rank 0's activations, and the two stages compute what the whole model does")
+
+
+def check_tensor_parallel_mlp(ys, w1s, w2s, mlp, x, tolerance: float = 1e-4) -> bool:
+    """Megatron-LM's split of an MLP `Linear(d, h), GELU, Linear(h, d)` over N ranks (Shoeybi et al.
+    2019, section 3): rank r holds rows r*h/N.. of the first weight (its output features: column
+    parallel) as `w1` and the matching columns of the second (its input features: row parallel) as
+    `w2`; its product is a partial sum, and after the all-reduce (and the second bias, added once)
+    every rank's `y` is the whole MLP's output on `x`.  Tensors on the CPU, one per rank."""
+    import torch
+
+    world_size, hidden = len(ys), mlp[0].out_features
+    if any(y is None for y in ys):
+        return _verdict(False, f"rank {[y is None for y in ys].index(True)} has no `y`: finish the exercise cell "
+                               "above (w1, w2 and y on every rank)")
+    share = hidden // world_size
+    for rank, (w1, w2) in enumerate(zip(w1s, w2s)):
+        rows = slice(rank * share, (rank + 1) * share)
+        if w1 is None or tuple(w1.shape) != (share, mlp[0].in_features) or not w1.equal(mlp[0].weight[rows]):
+            found = "no `w1`" if w1 is None else f"`w1` of shape {tuple(w1.shape)}"
+            return _verdict(False, f"rank {rank} has {found}: it must hold rows {rows.start}-{rows.stop - 1} of the "
+                                   f"first layer's weight, shape ({share}, {mlp[0].in_features}): its own output "
+                                   "features (a Linear's weight is out x in)")
+        if w2 is None or tuple(w2.shape) != (mlp[2].out_features, share) or not w2.equal(mlp[2].weight[:, rows]):
+            found = "no `w2`" if w2 is None else f"`w2` of shape {tuple(w2.shape)}"
+            return _verdict(False, f"rank {rank} has {found}: it must hold columns {rows.start}-{rows.stop - 1} of "
+                                   f"the second layer's weight, shape ({mlp[2].out_features}, {share}): the input "
+                                   "features that match its slice of the hidden layer")
+    with torch.no_grad():
+        expected, bias = mlp(x), mlp[2].bias
+    errors = [(y - expected).abs().max().item() for y in ys]
+    if max(errors) < tolerance:
+        return _verdict(True, f"each of the {world_size} ranks holds 1/{world_size} of both layers, and after the "
+                              "all-reduce every rank has the whole MLP's output")
+    if (sum(ys) - (world_size - 1) * bias - expected).abs().max().item() < tolerance:
+        return _verdict(False, "each rank's `y` is only its partial sum (they add up to the MLP's output): the "
+                               "row-parallel layer's products must be summed across the ranks (an all-reduce) "
+                               "before they are the output")
+    if all((y - expected - (world_size - 1) * bias).abs().max().item() < tolerance for y in ys):
+        return _verdict(False, f"the second layer's bias is in the sum {world_size} times: add it once, after the "
+                               "ranks' partial products are summed")
+    return _verdict(False, f"rank {errors.index(max(errors))}'s `y` differs from the whole MLP's (max error "
+                           f"{max(errors):.2g}): GELU between the two layers, each rank on its own slices")

@@ -1,0 +1,167 @@
+"""Live ranks for the lessons: ipyparallel engines started the way a training job starts its ranks.
+
+    cluster, ranks = engines.start()    # one rank per GPU of this node (per tile on Aurora), else 2 on the CPU
+    %%px                                # a cell that runs on every rank
+    ...
+    cluster.stop_cluster_sync()
+
+The engines are started by the launcher of the machine the notebook runs on, so each rank
+finds its place exactly as a training script would (`scaledl.setup()` reads the launcher's
+variables): Open MPI's `mpiexec` on a laptop, PALS `mpiexec` with its CPU binding inside a
+Polaris or Aurora PBS job, `srun` inside a Slurm allocation.  All ranks sit on the node the
+notebook runs on: a notebook drives one node; the job scripts in `jobs/` drive many.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from scaledl.devices import accelerator_count, node_accelerators
+from scaledl.hpc import launchers
+from scaledl.hpc.launch import Target, build_plan
+from scaledl.launch_env import LaunchError
+from scaledl.hpc.systems import detect_system
+
+CPU_RANKS = 2  # without a GPU: enough ranks to see every collective, few enough for a laptop
+ENGINE = "ipyparallel.engine"
+# ipyparallel starts MPI engines with --mpi (its MPIEngineSetLauncher.program), which imports
+# mpi4py, and so MPI_Init, in every engine; where srun starts tasks without an MPI plugin
+# (MpiDefault=none, common) an Open MPI engine aborts there.  Under srun the engines drop that
+# flag and take srun's task id as their engine id: no MPI needed (scaledl.setup reads srun's
+# variables too).  (A flag wins over --IPEngine.use_mpi=False in traitlets, so it must go.)
+SLURM_ENGINE = ("import os, sys; sys.argv[1:] = [a for a in sys.argv[1:] if a != '--mpi'] + "
+                "['--IPEngine.id=' + os.environ['SLURM_PROCID']]; "
+                "from ipyparallel.engine.app import main; main()")
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """How the engines start: ipyparallel runs `mpi_cmd -n world_size *mpi_args python -m ipyparallel.engine`."""
+
+    system: str
+    world_size: int
+    mpi_cmd: list[str]
+    mpi_args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # set for the engines (communication presets)
+    note: str = ""  # why the ranks run where they do, when it is not one per GPU
+
+
+def default_world_size(accelerators: int | None = None) -> int:
+    """One rank per accelerator, as a training job runs, where the node has two or more; else
+    CPU_RANKS ranks on the CPU (a lesson about several ranks needs at least two, and NCCL will
+    not put two ranks on one GPU)."""
+    accelerators = accelerator_count() if accelerators is None else accelerators
+    return accelerators if accelerators >= 2 else CPU_RANKS
+
+
+def _on_the_cpu(world_size: int, kind: str | None, accelerators: int) -> tuple[dict[str, str], str]:
+    """The engines' environment and a note when the ranks outnumber this node's accelerators.
+
+    NCCL refuses two ranks on one GPU (init.cc, ncclInvalidUsage, unless NCCL_MULTI_RANK_GPU_ENABLE=1 from 2.30), so
+    such ranks run on the CPU with gloo: an empty CUDA_VISIBLE_DEVICES hides the GPUs from the
+    engines, and from every library they load (DeepSpeed picks its accelerator by itself)."""
+    if not accelerators or world_size <= accelerators:
+        return {}, ""
+    if kind != "cuda":
+        raise LaunchError(f"WORLD_SIZE = {world_size} is more ranks than this node's {accelerators} {kind} devices, "
+                          f"and two ranks cannot share one: set WORLD_SIZE to at most {accelerators}")
+    return {"CUDA_VISIBLE_DEVICES": ""}, (f"on the CPU with gloo: this node's {accelerators} GPU"
+                                          f"{'s' if accelerators > 1 else ''} cannot give each of {world_size} "
+                                          "ranks its own, which NCCL needs")
+
+
+def plan(world_size: int | None = None, system: str | None = None, env: Mapping[str, str] | None = None,
+         hostname: str | None = None, accelerators: tuple[str | None, int] | None = None) -> EnginePlan:
+    """The launch of `world_size` engines on this node (default: one per GPU, else 2 on the CPU),
+    for the system detected from `env` (PBS, Slurm, host names) or named (local, polaris, aurora,
+    slurm).  `accelerators`: this node's (kind, count), found when not given."""
+    env = dict(os.environ if env is None else env)
+    accelerators = node_accelerators() if accelerators is None else accelerators
+    world_size = default_world_size(accelerators[1]) if world_size is None else world_size
+    if not isinstance(world_size, int) or world_size < 1:
+        raise LaunchError(f"WORLD_SIZE must be a whole number of ranks, at least 1, got {world_size!r}")
+    hidden, note = _on_the_cpu(world_size, *accelerators)
+    if system is None:
+        system, _ = detect_system(env, hostname)
+    if system == "local":
+        # Open MPI's mpiexec; as root and with more ranks than cores it needs permission.
+        extra = {k: v for k, v in launchers.local_env(world_size, env).items()
+                 if k.startswith("OMPI_") and env.get(k) != v}
+        return EnginePlan("local", world_size, [launchers.tool("mpiexec")], [], {**extra, **hidden}, note)
+    # The batch systems: the same command `scaledl launch` builds, all ranks on this node.
+    launch = build_plan(world_size, Target(ENGINE), ppn=world_size, system=system, env=env, hostname=hostname)
+    command = list(launch.command)
+    python_at = command.index(sys.executable)
+    options = command[1:python_at]
+    where = options.index("-n")
+    del options[where:where + 2]  # ipyparallel puts `-n world_size` after the command itself
+    return EnginePlan(system, world_size, command[:1], options, {**launch.env, **hidden}, note)
+
+
+def start(world_size: int | None = None, system: str | None = None, timeout_s: float = 180):
+    """Start the engines, wait for every one, and make `%%px` run on them.
+
+    Returns (cluster, view): `view` runs code on every rank and blocks until all are done, so a
+    `%%px` cell shows what each rank printed; `cluster.stop_cluster_sync()` stops them.
+    """
+    import logging
+
+    import ipyparallel as ipp
+
+    how = plan(world_size, system)
+    os.environ.update(how.env)  # the engines inherit the notebook's environment
+    # start_and_connect_sync waits for every engine for engine_timeout seconds (60 by default,
+    # ipyparallel/cluster/cluster.py): ranks that import torch on a busy node can take longer.
+    cluster = ipp.Cluster(n=how.world_size, engines="mpi", log_level=logging.WARNING,
+                          engine_timeout=max(1, math.ceil(timeout_s)))
+    cluster.config.MPILauncher.mpi_cmd = how.mpi_cmd
+    cluster.config.MPILauncher.mpi_args = how.mpi_args
+    if how.system == "slurm":
+        cluster.config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-c", SLURM_ENGINE]
+    command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
+    try:
+        client = cluster.start_and_connect_sync()
+    except BaseException as error:
+        # A start that timed out leaves the controller and the engines that did start running:
+        # stop them, or the next start finds a node already busy with them.
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        if isinstance(error, TimeoutError):
+            raise LaunchError(f"{how.world_size} ranks did not all start within {timeout_s:g} s ({command}): "
+                              "run engines.start again (a busy node), or check the launcher with "
+                              "`scaledl doctor`") from None
+        raise
+    # Stopping MPI engines ends mpiexec with status 1, which ipyparallel reports with every
+    # engine's whole log: from here on only errors.
+    cluster.log.setLevel(logging.ERROR)
+    _stop_gently(cluster, client)
+    view = client[:]
+    view.block = True  # each %%px cell waits for every rank and shows what each printed
+    view.activate()  # %%px now runs on these engines
+    print(f"{how.world_size} ranks up ({how.system}: {command})" + (f", {how.note}" if how.note else ""))
+    return cluster, view
+
+
+def _stop_gently(cluster, client) -> None:
+    """Make `cluster.stop_cluster_sync()` ask the engines to exit before it signals them.
+
+    ipyparallel stops MPI engines with SIGTERM to mpiexec, and an engine that gets it while its
+    event loop is busy dies with a traceback ("Event loop stopped before Future completed") that
+    lands in the learner's notebook, about one stop in four.  Engines asked to shut down exit on
+    their own; the signal then finds nothing left.  The lessons keep calling the method they know.
+    """
+    stop = cluster.stop_cluster_sync
+
+    def stop_cluster_sync(*args, **kwargs):
+        try:
+            client.shutdown(targets="all", hub=False, block=True)
+        except Exception:  # engines already gone: the signal below ends what is left
+            pass
+        return stop(*args, **kwargs)
+
+    cluster.stop_cluster_sync = stop_cluster_sync

@@ -1,0 +1,123 @@
+"""The Polaris and Aurora recipes a lesson prints: the PBS header, the module and environment lines
+and the PALS `mpiexec` line of one rung, each taken from what writes it for real (`scaledl jobs`
+for the header and the modules, `scaledl launch --system polaris|aurora` for the launch), so a
+lesson's recipe is the job script's and cannot drift from it.
+
+    from scaledl.workshop import recipes
+    print(recipes.polaris("ddp"))                 # the batch job of the DDP rung on 2 nodes
+    print(recipes.polaris("ddp", live_ranks=4))   # and the notebook's live ranks on one node
+    print(recipes.aurora("ddp"))                  # the same job on Aurora: 12 ranks a node, one per tile
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from scaledl.hpc import jobs
+from scaledl.errors import UserError
+from scaledl.hpc.launch import Target, build_plan, describe, export_line
+from scaledl.hpc.systems import SYSTEMS
+
+SYSTEM = "polaris"  # what the functions below default to
+PYTHON = "python"  # the venv's python once it is activated; `scaledl launch` writes its full path
+
+
+def job(rung: str, system: str = SYSTEM) -> jobs.Job:
+    """The job `scaledl jobs` writes to jobs/<system>/<rung>.sh."""
+    found = {job.name: job for job in jobs.jobs_for(system, SYSTEMS[system].ranks_per_node)}
+    if rung not in found:
+        raise UserError(f"no {system.capitalize()} job for {rung!r}: use one of {', '.join(found)}")
+    return found[rung]
+
+
+def header(rung: str, system: str = SYSTEM) -> list[str]:
+    """The job script's #PBS lines."""
+    return [line for line in jobs.render(job(rung, system)).splitlines() if line.startswith("#PBS ")]
+
+
+def module_lines(rung: str, system: str = SYSTEM) -> list[str]:
+    """The script's module set-up: its comments after the first, then its commands on one line."""
+    setup = jobs.RUNG_SETUP.get((system, rung), jobs.SETUP[system]).splitlines()
+    comments = [line for line in setup[1:] if line.startswith("#")]
+    commands = [line.strip() for line in setup if line.startswith(("    module ", "    conda "))]
+    return [*comments, "; ".join(commands)]
+
+
+def venv_line(rung: str, system: str = SYSTEM) -> str:
+    """The job script's `source` line: the clone's .venv, or Aurora's TensorFlow venv for horovod_tf."""
+    if ".venv-tf" in jobs.RUNG_SETUP.get((system, rung), ""):
+        return (f"source .venv-tf/bin/activate  # made once: module load {jobs.AURORA_TF_MODULES} && "
+                "tools/setup_site.sh site --venv .venv-tf")
+    return f"source .venv/bin/activate  # the venv `make setup SYSTEM={system}` made in your clone"
+
+
+def launch_lines(nranks: int, ppn: int, target: list[str], system: str = SYSTEM) -> list[str]:
+    """What `scaledl launch --system SYSTEM -n NRANKS --ppn PPN -- TARGET` exports and runs,
+    without the reasons it prints beside each variable."""
+    plan = build_plan(nranks, Target(target[0], tuple(target[1:])), ppn=ppn, system=system, env={},
+                      python=PYTHON, dry_run=True)
+    return [export_line(plan, name) for name in plan.env] + [describe(plan).splitlines()[-1]]
+
+
+def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> str:
+    """The recipe for `rung` (with the rung's `flags`) as lines to read and copy; with
+    `live_ranks`, first the interactive job and the engines' launch that runs a notebook's
+    `%%px` cells on one node."""
+    the_job = job(rung, system)
+    nranks = the_job.nodes * the_job.ppn
+    target = [*the_job.target, *flags]
+    lines = []
+    if live_ranks:
+        directives = dict(line.split(" ", 2)[1:] for line in header(rung, system) if not line.startswith("#PBS -l "))
+        limits = [line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -l ")]
+        select = next(limit for limit in limits if limit.startswith("select="))
+        one_node = "select=1" + select[len(select.split(":")[0]):]
+        filesystems = next(limit for limit in limits if limit.startswith("filesystems="))
+        lines += ["# This notebook's live ranks: an interactive job on one node (lesson 0 starts JupyterLab there)",
+                  f"qsub -I -A {directives['-A']} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}",
+                  "# ... in it, engines.start(WORLD_SIZE) runs the engines as the rungs' ranks run (ipyparallel"
+                  " adds --mpi and its cluster's profile and id: start them from the notebook, not by hand):",
+                  launch_lines(live_ranks, live_ranks, ["ipyparallel.engine"], system)[-1],
+                  ""]
+    lines += [f"# jobs/{system}/{the_job.name}.sh, the lines that matter (submit the whole script: "
+              f"qsub jobs/{system}/{the_job.name}.sh)",
+              *header(rung, system),
+              'cd "$PBS_O_WORKDIR"',
+              *module_lines(rung, system),
+              venv_line(rung, system),
+              f"# scaledl launch --system {system} -n {nranks} --ppn {the_job.ppn} -- {shlex.join(target)}"
+              f" exports and runs (the script also passes --out-dir runs/{the_job.name}/<N>nodes, and --resume"
+              " once a checkpoint is there):",
+              *launch_lines(nranks, the_job.ppn, target, system)]
+    return "\n".join(lines)
+
+
+def polaris(rung: str, *flags: str, live_ranks: int = 0) -> str:
+    """The recipe on Polaris: 4 ranks a node, one per A100, NCCL between them."""
+    return recipe(rung, *flags, live_ranks=live_ranks, system="polaris")
+
+
+def aurora(rung: str, *flags: str, live_ranks: int = 0) -> str:
+    """The same recipe on Aurora: 12 ranks a node, one per GPU tile, oneCCL (torch's `xccl`) between them."""
+    return recipe(rung, *flags, live_ranks=live_ranks, system="aurora")
+
+
+RECORDED_NODES = Path(__file__).resolve().parents[2] / "tests" / "data" / "sysfs"  # in a clone of the repository
+
+
+def polaris_node_figure(ranks_per_node: int = 4):
+    """Lesson 0's node diagram for the recipe's own launch line, read from the recorded sysfs of a
+    Polaris node: each local rank's cores (`--depth 8 --cpu-bind depth`), their NUMA node, and the
+    GPU the wrapper gives it (3 - local rank), green where the two share a NUMA node."""
+    from scaledl.hpc import binding
+    from scaledl.workshop import plots
+
+    root = RECORDED_NODES / SYSTEM
+    if not root.is_dir():
+        raise UserError(f"no recorded Polaris node at {root}: this figure needs a clone of the repository")
+    plan = build_plan(ranks_per_node, Target("ipyparallel.engine", ()), ppn=ranks_per_node, system=SYSTEM, env={},
+                      python=PYTHON, dry_run=True)
+    placements = binding.plan(list(plan.command), dict(plan.env), "cuda", ranks_per_node, root)
+    gpu_nodes = binding.gpu_numa_nodes(root, "cuda")
+    return plots.node_binding({"a Polaris node under the recipe's mpiexec line": placements},
+                              binding.numa_nodes(root), gpu_nodes)

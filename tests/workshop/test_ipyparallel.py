@@ -1,0 +1,55 @@
+"""Notebook ranks: engines started by `scaledl.workshop.engines.start` find their place and talk over gloo."""
+import pytest
+
+from scaledl.workshop import engines
+
+
+@pytest.mark.slow
+def test_engines_join_one_process_group(capsys):
+    cluster, view = engines.start(2)
+    try:
+        assert "2 ranks up (local: " in capsys.readouterr().out
+        # Code strings, as a %%px cell sends them (a function from this module would be
+        # pickled by reference, and the engines cannot import the test module).
+        view.execute("""
+import torch, torch.distributed
+import scaledl
+dist = scaledl.setup(timeout_s=60)
+total = torch.tensor([float(dist.rank + 1)], device=dist.device)
+torch.distributed.all_reduce(total)
+result = (dist.launcher, dist.rank, dist.world_size, dist.master_addr, total.item(), str(dist.device))
+scaledl.teardown()
+""")
+        found = view.pull("result")  # in engine order: engine ids are the MPI ranks
+    finally:
+        cluster.stop_cluster_sync()
+    assert [r[1] for r in found] == [0, 1]
+    assert all(r[0] == "openmpi" and r[2] == 2 and r[4] == 3.0 and r[5] == "cpu" for r in found)
+    assert found[0][3] == found[1][3]
+
+
+def ipyparallel_processes() -> set[int]:
+    import subprocess
+
+    found = subprocess.run(["pgrep", "-f", "ipyparallel.(controller|engine)"], capture_output=True, text=True)
+    return {int(pid) for pid in found.stdout.split()}
+
+
+@pytest.mark.slow
+def test_a_start_that_times_out_says_so_in_one_line_and_leaves_nothing_running():
+    """ipyparallel waits for the engines `engine_timeout` seconds inside start_and_connect_sync (60 by
+    default), so `timeout_s` must reach it; and a start that times out must stop the controller and
+    the engines it did start, or they linger beside the next start (seen on a busy node)."""
+    import time
+
+    from scaledl.launch_env import LaunchError
+
+    before = ipyparallel_processes()
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match=r"2 ranks did not all start within 0.5 s \(.*mpiexec -n 2"):
+        engines.start(2, timeout_s=0.5)  # MPI engines that import torch take longer than 1 s to register
+    assert time.monotonic() - started < 45  # the engine timeout, not ipyparallel's 60 s default
+    deadline = time.monotonic() + 20
+    while ipyparallel_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ipyparallel_processes() - before

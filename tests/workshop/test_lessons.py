@@ -1,0 +1,276 @@
+"""The lessons as a learner meets them: one path, live cells right on a GPU node, hints that
+point to the idea, exercises that fail where they are left, answers to every question, and
+figures stored with the outputs."""
+import ast
+import re
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+from scaledl.workshop.exercises import BEGIN, END
+
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb")) + SOLUTIONS
+
+
+def cells(path, kind="code"):
+    return [cell for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == kind]
+
+
+def live(path):
+    return [cell.source.split("\n", 1)[1] for cell in cells(path) if cell.source.startswith("%%px")]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [[part.strip() for part in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| ---")]
+
+
+def test_one_table_lists_every_lesson_in_order():
+    rows = table_rows((ROOT / "notebooks" / "README.md").read_text())[1:]
+    assert [row[0] for row in rows] == [str(n) for n in range(11)]
+    for row in rows:
+        number, link = int(row[0]), re.search(r"\]\(([^)]+)\)", row[1]).group(1)
+        opened = (ROOT / "notebooks" / link).resolve()
+        assert opened.exists(), link
+        assert opened.name.startswith(f"{number:02d}_"), (number, link)
+        folder = "notebooks" if number == 0 else "exercises"  # the learner works in exercises/
+        assert opened.parent.name == folder, link
+        if number:
+            assert (ROOT / "solutions" / opened.name).exists()
+    assert {p.name for p in SOLUTIONS} == {p.name for p in EXERCISES}
+    assert len(SOLUTIONS) == 10
+    assert "notebooks/README.md" in (ROOT / "README.md").read_text().split("## Notebooks", 1)[1]
+
+
+def test_the_ladder_tables_lesson_column_names_lessons_that_run_the_rung():
+    readme = (ROOT / "README.md").read_text()
+    ladder = readme.split("## The ladder", 1)[1].split("\n\n", 2)[1]
+    rows = table_rows(ladder)
+    assert rows[0][-1] == "lesson"
+    for row in rows[1:]:
+        module = row[1].strip("`")
+        for number in row[-1].split(","):
+            lesson = next((ROOT / "solutions").glob(f"{int(number):02d}_*.ipynb"))
+            assert module in lesson.read_text(), (module, lesson.name)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.stem)
+def test_every_lesson_opens_with_a_parameters_cell(path):
+    first = cells(path)[0]
+    assert "parameters" in first.metadata.get("tags", []), path.name
+    assert re.match(r"[A-Z_]+ = ", first.source), first.source
+
+
+CREATES = re.compile(r"\b(torch\.(randn|zeros|ones|full|tensor|empty|randint)|models\.torch_cnn|TwoHeads)\(")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.stem)
+def test_live_cells_keep_models_and_tensors_on_the_ranks_device(path):
+    for source in live(path):
+        for line in source.splitlines():
+            if not CREATES.search(line) or "device" in line or ".to(" in line or line.startswith("class "):
+                continue
+            names = re.findall(r"\w+", line.split("=")[0]) if "=" in line.split("(")[0] else []
+            moved = [name for name in names if re.search(rf"{name}\b[^\n=]*\)?\.to\(|\b{name}\.to\(", source)
+                     or re.search(rf"\((?:[^()]|\([^()]*\))*\b{name}\b(?:[^()]|\([^()]*\))*\)\.to\(", source)]
+            assert names and moved, f"{path.name}: not on dist.device: {line.strip()}"
+        for call in re.findall(r"DDP\([^\n]*", source):
+            assert "device_ids" in call, f"{path.name}: {call}"
+
+
+def test_tensorflow_ranks_each_pin_their_own_gpu():
+    source = "\n".join(live(ROOT / "solutions" / "04_horovod_tf.ipynb"))
+    assert "set_visible_devices" in source and "local_rank" in source and "set_memory_growth" in source
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.stem)
+def test_live_ranks_start_through_the_engine_helper(path):
+    if live(path):
+        text = "".join(cell.source for cell in cells(path))
+        assert "engines.start(WORLD_SIZE)" in text and "ipp.Cluster" not in text
+
+
+def solution_blocks(path):
+    for cell in cells(path):
+        lines, block, hint = cell.source.splitlines(), None, None
+        for line in lines:
+            if BEGIN.match(line):
+                block, hint = [], (BEGIN.match(line).group("hint") or "")
+            elif END.match(line):
+                yield hint, "\n".join(block), cell.source
+                block = None
+            elif block is not None:
+                block.append(line)
+
+
+BUILTINS = {"list", "range", "sum", "len", "float", "int", "min", "max", "print", "dict", "zip", "enumerate",
+            "backward", "step", "zero_grad", "item"}  # the plain loop's own calls, known from lesson 2
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda path: path.stem)
+def test_hints_point_to_the_idea_without_spelling_the_call(path):
+    notebook_text = path.read_text()
+    blocks = list(solution_blocks(path))
+    assert blocks, path.name
+    for hint, block, _ in blocks:
+        assert len(hint) > 20, (path.name, hint)
+        for qualified in re.findall(r"([A-Za-z_][\w.]*)\(", block):
+            parts = qualified.split(".")
+            name = parts[-1]
+            if name in BUILTINS or (len(parts) == 1 and re.search(rf"\b{name} = |def {name}\(", notebook_text)):
+                continue  # a variable or function of the lesson itself
+            assert not re.search(rf"\b{re.escape(name)}\b", hint), f"{path.name}: the hint names {qualified}: {hint}"
+
+
+def raises_where_it_stands(source: str) -> bool:
+    """The exercise's raise runs when the cell runs: not inside a function the cell never calls."""
+    tree = ast.parse(source.replace("%%px\n", "", 1))
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    for function in [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]:
+        raises = [node for node in ast.walk(function) if isinstance(node, ast.Raise)]
+        if raises and function.name not in called:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda path: path.stem)
+def test_an_untouched_exercise_raises_in_its_own_cell(path):
+    exercises = [cell.source for cell in cells(path) if "raise NotImplementedError" in cell.source]
+    assert exercises, path.name
+    for source in exercises:
+        assert raises_where_it_stands(source), f"{path.name}: the raise hides in an uncalled function:\n{source}"
+
+
+def test_the_raise_check_catches_a_raise_inside_an_uncalled_function():
+    assert not raises_where_it_stands("def f():\n    raise NotImplementedError\n")
+    assert raises_where_it_stands("def f():\n    raise NotImplementedError\nprint(f())\n")
+    assert raises_where_it_stands("%%px\nfor i in range(3):\n    raise NotImplementedError\n")
+
+
+def numbered(text: str) -> int:
+    return len(re.findall(r"^\d+\. ", text, flags=re.M))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda path: path.stem)
+def test_every_question_has_an_answer_in_the_solution_only(path):
+    markdown = cells(path, "markdown")
+    questions = [c for c in markdown if c.source.startswith("## Check your understanding")]
+    answers = [c for c in markdown if "answers" in c.metadata.get("tags", [])]
+    assert len(questions) == 1 and len(answers) == 1, path.name
+    assert numbered(questions[0].source) == numbered(answers[0].source) >= 3
+    exercise = (ROOT / "exercises" / path.name).read_text()
+    assert "## Answers" not in exercise and "Check your understanding" in exercise
+
+
+FIGURES = {"01_why_scale": 2, "02_single_device": 1, "03_collectives": 2, "04_horovod_tf": 1, "05_horovod_torch": 1,
+           "06_ddp": 2,
+           "07_scaling": 2, "08_deepspeed": 1, "09_zero_fsdp": 1, "10_model_parallel": 2}
+
+
+@pytest.mark.parametrize("stem, count", FIGURES.items())
+def test_figures_are_drawn_by_code_and_stored(stem, count):
+    path = ROOT / "solutions" / f"{stem}.ipynb"
+    stored = sum("image/png" in output.get("data", {}) for cell in cells(path) for output in cell.outputs)
+    assert stored >= count, f"{path.name}: {stored} figures stored, {count} expected"
+    for cell in cells(path, "markdown"):
+        assert "![" not in cell.source and not cell.get("attachments"), "no pasted images"
+
+
+def prose(stem: str) -> str:
+    """A lesson's markdown and code, its line breaks and runs of spaces as single spaces."""
+    path = ROOT / "solutions" / f"{stem}.ipynb"
+    return " ".join(" ".join(cell.source for cell in nbformat.read(path, as_version=4).cells).split())
+
+
+def test_wrong_claims_stay_corrected():
+    horovod = (ROOT / "solutions" / "04_horovod_tf.ipynb").read_text()
+    assert "by name" in horovod and "different orders" in horovod
+    zero = (ROOT / "solutions" / "09_zero_fsdp.ipynb").read_text()
+    assert "largest layer gathered in fp32" not in zero and "4 bytes per parameter of the largest layer" in zero
+    assert "stage 1 saves nothing here" not in zero
+    profile = (ROOT / "solutions" / "02_single_device.ipynb").read_text()
+    assert "especially backward" not in profile and "self time by kind" in profile  # computed from the run
+    collectives = (ROOT / "solutions" / "03_collectives.ipynb").read_text()
+    assert "never see half of it" not in collectives and "every sample twice per epoch" in collectives
+    adasum = (ROOT / "solutions" / "05_horovod_torch.ipynb").read_text()
+    assert "without scaling `lr`" not in adasum and "hvd.local_size()" in adasum
+    deepspeed = prose("08_deepspeed")
+    # Stage 3 reduce-scatters (stage3.py __avg_scatter_grads); only stage 2 goes through average_tensor.
+    assert "reduces to the rank that owns each part: `DeepSpeedZeroOptimizer.average_tensor`)" not in deepspeed
+    assert "Stage 3 goes through `DeepSpeedZeroOptimizer_Stage3.__avg_scatter_grads`" in deepspeed
+    assert "The wrapper sees the gradient reductions of stages 0-2 only" in deepspeed
+    # 0.17.6 is the DeepSpeed of ALCF's conda/2025-09-25 module (Polaris system updates), said with its source.
+    assert "(Polaris' 0.17.6 among them)" not in deepspeed and "ALCF's `conda/2025-09-25` module" in deepspeed
+    assert "without a GPU, per process)" not in deepspeed
+    sharded = prose("09_zero_fsdp")
+    # FSDPParamGroup.post_backward reshards, then reduce-scatters.
+    assert "freed once its gradients are reduce-scattered" not in sharded
+    assert "frees the gathered parameters first and then reduce-scatters the gradients" in sharded
+    assert "num_gpus_per_node=gpus," not in sharded and '"num_nodes": nodes' in sharded  # Polaris: 4 GPUs a node
+    assert "Your exercise partitioned the parameters at stage 2" not in sharded
+    model_parallel = prose("10_model_parallel")
+    assert "Consecutive ranks share a node, so a row is a node's GPUs" not in model_parallel
+    assert "A row then lies inside one node when tp divides the ranks per node" in model_parallel
+    assert "mesh_figure(dp=2, tp=4, ranks_per_node=4)" in model_parallel
+    assert "Data parallelism crosses the network once per step" not in model_parallel
+    assert "a buffer of exactly the shape and type" not in model_parallel
+    assert "the same number of elements and the same dtype" in model_parallel
+
+
+def test_lessons_import_no_rung_internals():
+    for path in LESSONS:
+        text = "".join(cell.source for cell in cells(path))
+        assert not re.search(r"from scaledl\.ladder(\.\w+)? import|scaledl\.ladder\.\w+\.\w+\(", text), path.name
+
+
+# The Polaris recipe each lesson prints, and the rung it is for.
+RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
+           "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
+           "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_model_parallel": "fsdp_tp"}
+# A lesson's live ranks on a Polaris node: a node's 4 GPUs, except where the lesson's split needs exactly 2.
+LIVE_RANKS = {"10_model_parallel": 2}
+
+
+def recipe_call(source: str) -> tuple[list, dict] | None:
+    """The arguments of the `recipes.polaris(...)` call in a cell, or None."""
+    if source.startswith("%"):
+        return None  # a live cell (%%px): the recipe prints in the notebook's kernel
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "polaris" \
+                and getattr(node.func.value, "id", None) == "recipes":
+            return ([ast.literal_eval(arg) for arg in node.args],
+                    {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords})
+    return None
+
+
+@pytest.mark.parametrize("stem", RECIPES)
+def test_the_polaris_recipe_in_the_lesson_is_the_generators(stem):
+    from scaledl.workshop import recipes
+
+    path = next(p for p in LESSONS if p.stem == stem)
+    found = [(cell, recipe_call(cell.source)) for cell in cells(path) if recipe_call(cell.source)]
+    assert len(found) == 1, f"{path.name}: one cell prints recipes.polaris(...)"
+    cell, (args, kwargs) = found[0]
+    assert args[0] == RECIPES[stem], (path.name, args)
+    stored = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout")
+    assert stored == recipes.polaris(*args, **kwargs) + "\n", f"{path.name}: run the lesson again, the recipe changed"
+    assert kwargs.get("live_ranks") == (LIVE_RANKS.get(stem, 4) if live(path) else None), path.name
+
+
+TERMS = {"rung": re.compile(r"\*\*rung\*\*|a rung is", re.I), "%%px": re.compile(r"`%%px`")}
+
+
+@pytest.mark.parametrize("path", [p for p in LESSONS if p.stem in RECIPES], ids=lambda path: path.stem)
+def test_rung_and_px_are_defined_in_markdown_before_their_first_use(path):
+    notebook = nbformat.read(path, as_version=4)
+    for term, definition in TERMS.items():
+        uses = [i for i, cell in enumerate(notebook.cells)
+                if (term in cell.source if term == "%%px" else re.search(r"\brungs?\b", cell.source, re.I))]
+        if not uses:
+            continue
+        defined = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "markdown"
+                   and definition.search(cell.source)]
+        assert defined and defined[0] <= uses[0], f"{path.name}: define {term} where it is first used (cell {uses[0]})"

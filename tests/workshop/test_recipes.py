@@ -1,0 +1,92 @@
+"""A lesson's Polaris recipe is the job script's header and module lines and the launch line
+`scaledl launch --system polaris --dry-run` prints, not a copy typed beside them."""
+import shlex
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+from scaledl.hpc import launchers
+from scaledl.workshop import recipes
+from scaledl.errors import UserError
+
+RUNGS = ["single_torch", "horovod_tf", "horovod_torch", "ddp", "deepspeed", "zero3", "pipeline", "tensor_parallel",
+         "fsdp_tp"]
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_the_header_and_modules_are_the_committed_job_scripts(rung):
+    script = (ROOT / "jobs" / "polaris" / f"{rung}.sh").read_text().splitlines()
+    header = recipes.header(rung)
+    assert header == [line for line in script if line.startswith("#PBS ")]
+    assert "#PBS -l filesystems=home:eagle" in header and "#PBS -q debug" in header
+    assert any(line.startswith("#PBS -l select=") and line.endswith(":system=polaris") for line in header)
+    commands = recipes.module_lines(rung)[-1].split("; ")
+    assert commands == ["module use /soft/modulefiles", "module load conda", "conda activate base"]
+    assert all(f"    {command}" in script for command in commands)
+
+
+def dry_run(nranks: int, ppn: int, *target: str, system: str = "polaris") -> list[str]:
+    result = subprocess.run([launchers.tool("scaledl"), "launch", "--system", system, "-n", str(nranks),
+                             "--ppn", str(ppn), "--dry-run", "--", *target], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin"}, check=True)
+    lines = [line.split("  # ")[0] for line in result.stdout.splitlines() if not line.startswith("# ")]
+    # The printed command runs the launching Python by its full path; the recipe's venv is active.
+    python = next(word for word in shlex.split(lines[-1]) if word.endswith("/python"))
+    return [line.replace(f" {python} ", f" {recipes.PYTHON} ") for line in lines]
+
+
+def test_the_launch_lines_are_what_scaledl_launch_prints():
+    recipe = recipes.polaris("ddp", "--epochs", "1").splitlines()
+    printed = dry_run(8, 4, "scaledl.ladder.ddp", "--epochs", "1")
+    assert recipe[-len(printed):] == printed
+    assert printed[-1].startswith("mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth ")
+    assert "CUDA_VISIBLE_DEVICES=$((3 - r % 4))" in printed[-1]  # local rank r on GPU 3 - r, its NUMA node's
+
+
+def test_the_live_ranks_run_as_the_engines_do():
+    recipe = recipes.polaris("ddp", live_ranks=4).splitlines()
+    assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1:system=polaris -l walltime=01:00:00 "
+                         "-l filesystems=home:eagle")
+    assert recipe[3] == dry_run(4, 4, "ipyparallel.engine")[-1]
+
+
+def test_the_model_parallel_recipes_keep_tensor_parallelism_inside_a_node():
+    two_d = recipes.polaris("fsdp_tp").splitlines()
+    assert "#PBS -l select=2:system=polaris" in two_d  # FSDP2 across the two nodes
+    assert two_d[-1] == dry_run(8, 4, "scaledl.ladder.fsdp_tp", "--tp", "4")[-1]  # tp = a node's 4 GPUs
+    assert recipes.polaris("tensor_parallel").splitlines()[-1].startswith("mpiexec -n 4 --ppn 4 ")
+    assert recipes.polaris("pipeline").splitlines()[-1].startswith("mpiexec -n 2 --ppn 2 ")  # its 2 stages
+
+
+def test_a_rung_without_a_job_is_one_line():
+    with pytest.raises(UserError, match="no Polaris job for 'ddpp': use one of single_torch"):
+        recipes.polaris("ddpp")
+
+
+@pytest.mark.parametrize("rung", ["ddp", "deepspeed", "zero3", "fsdp_tp"])
+def test_the_aurora_recipe_is_the_aurora_job_script(rung):
+    script = (ROOT / "jobs" / "aurora" / f"{rung}.sh").read_text().splitlines()
+    recipe = recipes.aurora(rung).splitlines()
+    pbs = [line for line in script if line.startswith("#PBS ")]
+    assert [line for line in recipe if line.startswith("#PBS ")] == pbs
+    assert "#PBS -l filesystems=home:flare" in recipe and "module load frameworks" in recipe
+    assert "source .venv/bin/activate  # the venv `make setup SYSTEM=aurora` made in your clone" in recipe
+    printed = dry_run(24, 12, *recipes.job(rung, "aurora").target, system="aurora")
+    assert recipe[-len(printed):] == printed
+    assert recipe[-1].startswith("mpiexec -n 24 --ppn 12 ")
+
+
+def test_the_aurora_live_ranks_take_a_node_of_12_tiles():
+    recipe = recipes.aurora("ddp", live_ranks=12).splitlines()
+    assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1 -l walltime=01:00:00 "
+                         "-l filesystems=home:flare")
+    assert recipe[3].startswith("mpiexec -n 12 --ppn 12 ") and "ipyparallel.engine" in recipe[3]
+
+
+def test_the_polaris_node_figure_shows_the_recipes_binding():
+    fig = recipes.polaris_node_figure()
+    assert fig.local_counts == {"a Polaris node under the recipe's mpiexec line": 4}
+    texts = [text.get_text() for text in fig.axes[0].texts]
+    labels = sorted(text for text in texts if text.startswith("rank ") and ": CPUs" in text)  # not "rank 0's" GPU
+    assert labels == ["rank 0: CPUs 0-7", "rank 1: CPUs 8-15", "rank 2: CPUs 16-23", "rank 3: CPUs 24-31"]

@@ -1,0 +1,61 @@
+"""The live checks of lessons 3-5 and 10 FAIL on the wrong answers learners write, run for real: each
+case takes the solution notebook, puts one realistic mistake in place of the solution line,
+runs it on live ranks up to its checks, and reads the verdict."""
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ROOT
+from scaledl.hpc import launchers
+
+CHECK_TAG = "nbval-check-output"
+
+CASES = {
+    # lesson, the solution's text, the mistake in its place, what the failing verdict says
+    "reduce_to_rank_0": ("03_collectives", "tdist.all_reduce(x, op=tdist.ReduceOp.SUM)", "tdist.reduce(x, dst=0)",
+                         "only rank 0 holds the sum"),
+    "tf_summed": ("04_horovod_tf", "tape = hvd.DistributedGradientTape(tape)",
+                  "tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)", "summed over ranks"),
+    "tf_model_only": ("04_horovod_tf",
+                      "        hvd.broadcast_variables(keras_compat.tf_variables(optimizer.variables), root_rank=0)\n",
+                      "", "optimizer state"),
+    "torch_summed": ("05_horovod_torch",
+                     "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())",
+                     "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), "
+                     "op=hvd.Sum)", "summed over ranks"),
+    "torch_model_only": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n", "",
+                         "optimizer state"),
+    "torch_lr_scaled_twice": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)",
+                              "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
+                              "for group in optimizer.param_groups:\n    group['lr'] *= world_size",
+                              "differ from one process's steps"),
+    "torch_unnamed_is_right": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "PASS: "),
+    "tp_without_all_reduce": ("10_model_parallel", "    tdist.all_reduce(partial)", "    pass", "only its partial sum"),
+}
+
+
+def verdicts(notebook) -> list[str]:
+    return ["".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+            for cell in notebook.cells if cell.cell_type == "code" and CHECK_TAG in cell.metadata.get("tags", [])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_a_realistic_mistake_fails_its_live_check(case, monkeypatch):
+    stem, right, wrong, expected = CASES[case]
+    for name, value in launchers.local_env(2).items():
+        monkeypatch.setenv(name, value)
+    path = ROOT / "solutions" / f"{stem}.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    changed = [cell for cell in notebook.cells if right in cell.source]
+    assert len(changed) == 1, (case, "the solution line moved: update the case")
+    changed[0].source = changed[0].source.replace(right, wrong)
+    last = max(i for i, cell in enumerate(notebook.cells) if CHECK_TAG in cell.metadata.get("tags", []))
+    notebook.cells = notebook.cells[:last + 1] + [
+        cell for cell in notebook.cells[last + 1:] if "stop_cluster_sync" in cell.source]
+    NotebookClient(notebook, timeout=300, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    found = [text for text in verdicts(notebook) if expected in text]
+    assert found, (case, verdicts(notebook))
+    if expected != "PASS: ":
+        assert all(text.startswith("FAIL: ") for text in found), found
