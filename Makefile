@@ -30,7 +30,7 @@ test: setup
 		tests solutions $(wildcard notebooks/*.ipynb)
 
 # The edit-test loop, under 5 minutes: the unit tests (no tier marker), one short run of every rung
-# with its own launcher (scaledl demo), and the lessons' checks (tests/workshop/test_checks.py, unmarked).
+# with its own launcher (scaledl demo), and the lessons' checks (tests/workshop/checks/, unmarked).
 CHECK_TIERS := not slow and not slurm and not mpich and not browser and not gpu
 check: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=5 -m "$(CHECK_TIERS)" tests

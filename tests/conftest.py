@@ -40,6 +40,27 @@ def reports(output: str, tag: str = "REPORT") -> list[dict]:
     return sorted(found, key=lambda r: r.get("rank", 0))
 
 
+def verdict(capsys) -> str:
+    """A check's one line (it prints exactly one)."""
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines  # one line, always
+    return lines[0]
+
+
+def fails(capsys, result, *phrases):
+    """The check returned False and said FAIL, with each phrase in its line."""
+    line = verdict(capsys)
+    assert result is False and line.startswith("FAIL: "), line
+    for phrase in phrases:
+        assert phrase in line, line
+    return line
+
+
+def untouched(*args, **kwargs):
+    """An exercise's function as the learner finds it."""
+    raise NotImplementedError("exercise")
+
+
 def tool(name: str) -> str:
     return os.path.join(os.path.dirname(sys.executable), name)
 

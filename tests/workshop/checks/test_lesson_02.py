@@ -1,0 +1,217 @@
+"""Lesson 2's checks (the stopwatch): each passes the solution, FAILs on what an untouched exercise leaves, and
+FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
+import math
+
+
+from conftest import fails, untouched, verdict
+from scaledl.workshop import checks
+from scaledl.workshop.checks import lesson_02
+
+
+# ---------------------------------------------------------------- lesson 2
+
+def honest(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    synchronize()
+    return num_steps * batch_size / (time.perf_counter() - start)
+
+
+def no_synchronize(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    return num_steps * batch_size / (time.perf_counter() - start)  # reads the clock while the device works
+
+
+def warmup_timed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(warmup_steps + num_steps):
+        step()
+    synchronize()
+    return (warmup_steps + num_steps) * batch_size / (time.perf_counter() - start)
+
+
+def one_step_too_many_counted(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    synchronize()
+    return (num_steps + 1) * batch_size / (time.perf_counter() - start)
+
+
+def last_step_untimed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    for index in range(num_steps):
+        if index == 1:
+            start = time.perf_counter()  # the clock starts a step late
+        step()
+        synchronize()
+    return num_steps * batch_size / (time.perf_counter() - start)
+
+
+def returns_seconds(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        step()
+    synchronize()
+    return time.perf_counter() - start
+
+
+def per_step_mean(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    """Unusual but right: a wall clock, the device waited for after every step, the mean step time."""
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    times = []
+    for _ in range(num_steps):
+        started = time.time()
+        step()
+        synchronize()
+        times.append(time.time() - started)
+    return batch_size / (sum(times) / len(times))
+
+
+def test_samples_per_s_on_a_simulated_device(capsys):
+    assert checks.check_samples_per_s(honest)
+    verdict(capsys)
+    assert checks.check_samples_per_s(per_step_mean)
+    verdict(capsys)
+    fails(capsys, checks.check_samples_per_s(no_synchronize), "synchronize before reading it")
+    fails(capsys, checks.check_samples_per_s(warmup_timed), "slow first steps are in the timing")
+    fails(capsys, checks.check_samples_per_s(one_step_too_many_counted), "one step off")
+    fails(capsys, checks.check_samples_per_s(last_step_untimed), "one step off")
+    fails(capsys, checks.check_samples_per_s(returns_seconds), "looks like seconds")
+    fails(capsys, checks.check_samples_per_s(lambda step, *args, **kwargs: [step() for _ in range(40)] and 1e4),
+          "it ran 40 steps")
+    fails(capsys, checks.check_samples_per_s(untouched), "NotImplementedError")
+    fails(capsys, checks.check_samples_per_s(None), "not set")
+
+
+def test_simulated_device_queues_work_until_synchronized():
+    import time
+
+    device = checks.SimulatedDevice(step_s=0.02, warmup_steps=0)
+    start = time.perf_counter()
+    for _ in range(5):
+        device.step()
+    queued = time.perf_counter() - start
+    device.synchronize()
+    assert queued < 0.01 and time.perf_counter() - start >= 0.1
+
+
+def stopwatch_reads(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    """The lesson's solution: the first launch, then the slower side's pace, then the last run."""
+    if not synchronize:
+        return num_steps * batch_size / (num_steps * launch_s)
+    return num_steps * batch_size / (launch_s + (num_steps - 1) * max(launch_s, device_s) + device_s)
+
+
+def step_by_step(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    """Unusual but right: follow every step through the host and the device, in milliseconds."""
+    host = device = 0
+    for _ in range(num_steps):
+        host += launch_s * 1000
+        device = max(device, host) + device_s * 1000
+    return batch_size * num_steps / ((device if synchronize else host) / 1000)
+
+
+def queue_never_drains(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return batch_size / launch_s  # the host's pace, synchronize or not
+
+
+def device_time_only(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    if not synchronize:
+        return batch_size / launch_s
+    return num_steps * batch_size / (launch_s + num_steps * device_s)  # right only where the GPU is the bottleneck
+
+
+def warmup_counted(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return stopwatch_reads(launch_s, device_s, batch_size, num_steps + warmup_steps, 0, synchronize)
+
+
+def one_step_too_many_timed(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    if not synchronize:
+        return batch_size / launch_s
+    return num_steps * batch_size / (launch_s + num_steps * max(launch_s, device_s) + device_s)
+
+
+def serial(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return batch_size / (launch_s + device_s)  # the host waiting for every step
+
+
+def steady_pace(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return batch_size / (max(launch_s, device_s) if synchronize else launch_s)
+
+
+def synchronized_always(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return stopwatch_reads(launch_s, device_s, batch_size, num_steps, warmup_steps, True)
+
+
+def step_seconds(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize):
+    return 1 / stopwatch_reads(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize)
+
+
+def test_stopwatch_prediction(capsys):
+    assert checks.check_stopwatch_prediction(stopwatch_reads)
+    assert verdict(capsys).startswith("PASS: all 5 cases")
+    assert checks.check_stopwatch_prediction(step_by_step)
+    verdict(capsys)
+    fails(capsys, checks.check_stopwatch_prediction(queue_never_drains), "synchronize=True",
+          "waits while the device runs what is still queued")
+    fails(capsys, checks.check_stopwatch_prediction(device_time_only), "launch 3 ms, device 1 ms",
+          "the launches set the pace")
+    fails(capsys, checks.check_stopwatch_prediction(warmup_counted), "warm-up steps run before the clock starts")
+    fails(capsys, checks.check_stopwatch_prediction(one_step_too_many_timed), "one step off")
+    fails(capsys, checks.check_stopwatch_prediction(serial), "launches the next step while the device runs")
+    fails(capsys, checks.check_stopwatch_prediction(steady_pace), "holds the first launch")
+    fails(capsys, checks.check_stopwatch_prediction(synchronized_always), "synchronize=False",
+          "stops as soon as the host has launched the last step")
+    fails(capsys, checks.check_stopwatch_prediction(step_seconds), "looks like seconds")
+    fails(capsys, checks.check_stopwatch_prediction(lambda *case: stopwatch_reads(*case) / 1000), "per millisecond")
+    fails(capsys, checks.check_stopwatch_prediction(lambda *case: None), "returned None")
+    fails(capsys, checks.check_stopwatch_prediction(lambda *case: 1 / 0), "ZeroDivisionError")
+    fails(capsys, checks.check_stopwatch_prediction(untouched), "NotImplementedError")
+    fails(capsys, checks.check_stopwatch_prediction(None), "`stopwatch_reads` is not set")
+
+
+def test_stopwatch_cases_tell_the_slips_from_the_right_reading():
+    """In every case the reading is not itself one of the wrong answers' values, and each slip
+    is some case's wrong answer: the check can name it."""
+    for case in lesson_02._STOPWATCH_CASES:
+        reading = stopwatch_reads(*case)
+        assert math.isclose(reading, lesson_02.async_timeline.stopwatch(case[0], case[1], case[3], case[4])
+                            .samples_per_s(case[2], case[5]), rel_tol=1e-9)
+    for wrong in (queue_never_drains, device_time_only, warmup_counted, one_step_too_many_timed, serial,
+                  steady_pace, synchronized_always):
+        assert any(not math.isclose(wrong(*case), stopwatch_reads(*case), rel_tol=1e-6)
+                   for case in lesson_02._STOPWATCH_CASES), wrong.__name__

@@ -1,0 +1,86 @@
+"""Lesson 3's checks (all-reduce, sharding, the ring's cost): each passes the solution, FAILs on what an
+untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one
+line."""
+
+import numpy as np
+from torch.utils.data import DistributedSampler
+
+from conftest import fails, untouched, verdict
+from scaledl.workshop import checks
+
+
+# ---------------------------------------------------------------- lesson 3
+
+def test_all_reduce_check(capsys):
+    assert checks.check_all_reduce([3.0, 3.0], 2)
+    verdict(capsys)
+    assert checks.check_all_reduce([10, np.float32(10), 10.0, 10], 4)  # 4 ranks, any number type
+    verdict(capsys)
+    fails(capsys, checks.check_all_reduce([1.0, 2.0], 2), "it still holds its own value")  # untouched
+    fails(capsys, checks.check_all_reduce([2.0, 2.0], 2), "the largest value")  # ReduceOp.MAX
+    fails(capsys, checks.check_all_reduce([4.0] * 4, 4), "the largest value")
+    fails(capsys, checks.check_all_reduce([1.5, 1.5], 2), "that is the average")  # divided by world size
+    fails(capsys, checks.check_all_reduce([3.0, 2.0], 2), "only rank 0 holds the sum")  # tdist.reduce(x, dst=0)
+    fails(capsys, checks.check_all_reduce([24.0] * 4, 4), "rank 0 holds 24")  # ReduceOp.PRODUCT
+    fails(capsys, checks.check_all_reduce([1.0], 1), "start 2 or more")  # one rank proves nothing
+
+
+def ring(nbytes, p, alpha, beta):
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / beta
+
+
+def test_ring_prediction_check(capsys):
+    assert checks.check_ring_prediction(ring)
+    assert "PASS: the ring's cost model" in verdict(capsys)
+    fails(capsys, checks.check_ring_prediction(None), "`predict` is not set")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: (p - 1) * a + (p - 1) / p * n / b), "half the ring")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) * a + n / b), "2(p-1)/p of the bytes")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b),
+          "beta is bytes per second")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: (p - 1) * a + 2 * (p - 1) / p * n / b),
+          "counts p-1 messages")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) / p * n / b), "latency term is missing")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * p * a + 2 * n / b), "not p")
+    # Unusual but right: NumPy, the two halves written out, and a learner's own names.
+    def halves(nbytes, world_size, alpha, beta):
+        step = alpha + nbytes / world_size / beta
+        return np.float32(2 * (world_size - 1)) * np.float64(step)
+    assert checks.check_ring_prediction(halves)
+    verdict(capsys)
+
+
+def sampler_shard(use_local_rank=False, replicas=None):
+    def shard(num_samples, rank, local_rank, world_size):
+        return list(DistributedSampler(range(num_samples), num_replicas=replicas or world_size,
+                                       rank=local_rank if use_local_rank else rank, shuffle=False))
+    return shard
+
+
+def test_sharding_check_simulates_two_nodes(capsys):
+    # 20 samples on 2 nodes x 3 ranks: 6 does not divide 20, so DistributedSampler pads 4 repeats.
+    assert checks.check_sharding(sampler_shard())
+    assert "on 2 nodes x 3 ranks, 20 samples: every sample goes to one rank, 4 also" in verdict(capsys)
+    assert checks.check_sharding(sampler_shard(), 16, nodes=2, ranks_per_node=2)
+    assert "each sample goes to exactly one rank" in verdict(capsys)
+    # Unusual but right: a stride by hand (ranks get 3 or 4), drop_last, contiguous blocks.
+    assert checks.check_sharding(lambda n, r, lr, w: list(range(r, n, w)))
+    assert "ranks get 3 to 4" in verdict(capsys)
+    assert checks.check_sharding(lambda n, r, lr, w: list(DistributedSampler(range(n), w, r, shuffle=False,
+                                                                             drop_last=True)))
+    assert "2 are left out of the epoch" in verdict(capsys)
+    assert checks.check_sharding(lambda n, r, lr, w: np.array_split(np.arange(n), w)[r])
+    verdict(capsys)
+    # By local rank: on one node it looks right, on two nodes ranks 0 and 3 train on the same samples.
+    assert checks.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=1, ranks_per_node=2)
+    verdict(capsys)
+    fails(capsys, checks.check_sharding(sampler_shard(use_local_rank=True)),
+          "ranks 0 and 3 both get sample 0", "sharded by local rank")
+    # One node's worth of shards, taken by local rank: every sample twice.
+    fails(capsys, checks.check_sharding(sampler_shard(use_local_rank=True, replicas=3)), "sharded by local rank")
+    # One node's worth of shards, taken by global rank: the sampler refuses rank 3 of 3.
+    fails(capsys, checks.check_sharding(sampler_shard(replicas=3)), "rank=3", "raised ValueError")
+    fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r, n // 2, w))), "never seen", "world_size")
+    fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r + 1, n, w))), "never seen (first: 0)")
+    fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r, n + 1, w))), "index 20 is not a sample")
+    fails(capsys, checks.check_sharding(untouched), "NotImplementedError")
+    fails(capsys, checks.check_sharding(None), "`shard` is not set")

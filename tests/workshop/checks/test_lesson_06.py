@@ -1,0 +1,122 @@
+"""Lesson 6's checks (DDP in sync, accumulation, buckets): each passes the solution, FAILs on what an untouched
+exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
+
+
+from conftest import fails, verdict
+from scaledl.workshop import checks
+
+
+# ---------------------------------------------------------------- data parallelism
+
+def test_in_sync_check_names_the_framework_fix(capsys):
+    assert checks.check_in_sync(["abc", "abc"])
+    verdict(capsys)
+    fails(capsys, checks.check_in_sync(["abc", "abd"]), "rank 1 holds different parameters", "wrap the model in DDP")
+    line = fails(capsys, checks.check_in_sync(["abc", "abd"], framework="deepspeed"), "engine")
+    assert "DDP" not in line
+    fails(capsys, checks.check_in_sync(["abc", None]), "did not finish")
+    assert not checks.check_in_sync(None)
+
+
+
+
+def accumulation_report(max_error=1e-8, all_reduces=1, buckets=1, unscaled=0.03, over_ranks=0.01):
+    return {"max_error": max_error, "all_reduces": all_reduces, "buckets": buckets, "error_unscaled": unscaled,
+            "error_over_ranks": over_ranks}
+
+
+def test_accumulation_check(capsys):
+    assert checks.check_accumulation([accumulation_report()] * 2, 4)
+    verdict(capsys)
+    # Unusual but right: 3 buckets, each all-reduced once; reports without the optional errors.
+    assert checks.check_accumulation([{"max_error": 2e-6, "all_reduces": 3, "buckets": 3}] * 4, 4)
+    assert "3 buckets" in verdict(capsys)
+    # No no_sync (or the forward outside it): every micro batch's backward all-reduced.
+    fails(capsys, checks.check_accumulation([accumulation_report(all_reduces=4)] * 2, 4),
+          "4 all-reduces in a window of 4", "skip the synchronization")
+    # no_sync on every micro batch, the last included: nothing was ever averaged.
+    fails(capsys, checks.check_accumulation([accumulation_report(0.02, all_reduces=0)] * 2, 4),
+          "no gradient was all-reduced")
+    # Loss not divided by the accumulation steps: the step is 4x too large.
+    fails(capsys, checks.check_accumulation([accumulation_report(0.03, unscaled=1e-8)] * 2, 4),
+          "4x too large", "divide each micro batch's loss by 4")
+    # Divided by world_size too: DDP already averages over the ranks.
+    fails(capsys, checks.check_accumulation([accumulation_report(0.01, over_ranks=1e-8)] * 2, 4),
+          "2x too small", "already averages")
+    # The first micro batch synchronized, the rest only accumulated: one all-reduce, wrong weights.
+    fails(capsys, checks.check_accumulation([accumulation_report(0.004)] * 2, 4), "must be the last")
+    # Right on rank 0 only: every rank's report counts.
+    fails(capsys, checks.check_accumulation([accumulation_report(), accumulation_report(0.004)], 4),
+          "differ from one big-batch step by 0.004")
+    # One rank cannot show any of this.
+    fails(capsys, checks.check_accumulation([accumulation_report()], 4), "start 2 or more")
+    fails(capsys, checks.check_accumulation([None, None], 4), "did not finish")
+    assert not checks.check_accumulation(None, 4)
+
+
+def test_in_sync_check_needs_two_ranks(capsys):
+    fails(capsys, checks.check_in_sync(["abc"]), "start 2 or more")
+    assert checks.check_in_sync(["abc"] * 3)
+    verdict(capsys)
+
+
+
+def learner_buckets(order=-1, default_first=2**20, strict=False, unit=2**20, frozen=False, per_element=False,
+                    horovod=False):
+    """A learner's predict_buckets, written out as one would, with one of the usual mistakes."""
+    def predict(model, bucket_cap_mb=None):
+        caps = [default_first, 25 * unit] if bucket_cap_mb is None else [int(bucket_cap_mb * unit)] * 2
+        buckets, names, size = [], [], 0
+        for name, p in list(model.named_parameters())[::order]:
+            if not p.requires_grad and not frozen:
+                continue
+            nbytes = p.numel() if per_element else p.numel() * p.element_size()
+            cap = caps[min(len(buckets), 1)]
+            if horovod and names and size + nbytes > cap:
+                buckets.append(names)
+                names, size = [], 0
+            names.append(name)
+            size += nbytes
+            if not horovod and (size > cap if strict else size >= cap):
+                buckets.append(names)
+                names, size = [], 0
+        return buckets + ([names] if names else [])
+    return predict
+
+
+def test_bucket_check_names_each_wrong_rule(capsys):
+    assert checks.check_ddp_buckets(learner_buckets())
+    verdict(capsys)
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(order=1)), "last layer first", "bucket_cap_mb=1")
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(default_first=25 * 2**20)), "first bucket is smaller")
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(strict=True)), "reach the cap", "512x512")
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(unit=10**6)), "1024 * 1024")
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(frozen=True)), "requires_grad=False")
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(per_element=True)), "4 bytes per element")
+    fails(capsys, checks.check_ddp_buckets(learner_buckets(horovod=True)), "Horovod's fusion")
+    fails(capsys, checks.check_ddp_buckets(lambda model, cap: [[n for n, _ in model.named_parameters()][::-1]]),
+          "you made", "DDP makes")
+    fails(capsys, checks.check_ddp_buckets(lambda model, cap: 1 / 0), "ZeroDivisionError")
+
+    def untouched(model, bucket_cap_mb=None):
+        raise NotImplementedError
+    fails(capsys, checks.check_ddp_buckets(untouched), "NotImplementedError")
+
+
+def test_bucket_check_takes_an_unusual_right_answer(capsys):
+    """Tuples, a running total kept in a list, the caps worked out per bucket: still DDP's buckets."""
+    import itertools
+
+    def predict(model, bucket_cap_mb=None):
+        sizes = [(n, p.nelement() * p.element_size()) for n, p in reversed(list(model.named_parameters()))
+                 if p.requires_grad]
+        out, current = [], []
+        for name, nbytes in sizes:
+            current.append((name, nbytes))
+            cap = (2**20 if not out else 25 * 2**20) if bucket_cap_mb is None else bucket_cap_mb * 1024 * 1024
+            if sum(b for _, b in current) >= cap:
+                out.append(tuple(n for n, _ in current))
+                current = []
+        return out + [tuple(n for n, _ in current)] * bool(current) + list(itertools.islice([], 0))
+    assert checks.check_ddp_buckets(predict)
+    assert verdict(capsys).startswith("PASS: ")

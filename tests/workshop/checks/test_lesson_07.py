@@ -1,0 +1,125 @@
+"""Lesson 7's checks (efficiency, warm-up, exposed communication): each passes the solution, FAILs on what an
+untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one
+line."""
+import math
+
+import numpy as np
+
+from conftest import fails, untouched, verdict
+from scaledl import schedule
+from scaledl.workshop import checks
+from test_lesson_03 import ring
+
+
+# ---------------------------------------------------------------- scaling
+
+def test_efficiency_check(capsys):
+    rates = {1: 1000.0, 2: 1700.0, 4: 3000.0}
+
+    def right(r):
+        base = min(r)
+        return {n: v / (n * r[base] / base) for n, v in r.items()}
+
+    assert checks.check_efficiency(right, rates)
+    assert "baseline of 2 ranks" in verdict(capsys)
+    # Unusual but right: a measurement that starts at 2 ranks, and numpy numbers back.
+    assert checks.check_efficiency(lambda r: {n: np.float64(e) for n, e in right(r).items()}, {2: 1800.0, 4: 3000.0})
+    verdict(capsys)
+    # The baseline hard-coded as 1 rank: a KeyError on the hidden measurement.
+    fails(capsys, checks.check_efficiency(lambda r: {n: v / (n * r[1]) for n, v in r.items()}, rates),
+          "baseline of 2 ranks", "KeyError", "not always 1")
+    # The baseline's rate not divided by its ranks: right when the baseline is 1, wrong from 2.
+    fails(capsys, checks.check_efficiency(lambda r: {n: v / (n * r[min(r)]) for n, v in r.items()}, rates),
+          "baseline 2 ranks", "divide them by 2")
+    fails(capsys, checks.check_efficiency(lambda r: {n: v / r[min(r)] for n, v in r.items()}, rates),
+          "is the speed-up")
+    fails(capsys, checks.check_efficiency(lambda r: {n: 1 / e for n, e in right(r).items()}, rates), "upside down")
+    fails(capsys, checks.check_efficiency(lambda r: {n: e for n, e in right(r).items() if n > 1}, rates),
+          "no efficiency for world_size 1")
+    fails(capsys, checks.check_efficiency(untouched, rates), "NotImplementedError")
+    fails(capsys, checks.check_efficiency(None, rates), "not set")
+
+
+def test_warmup_check(capsys):
+    def solution(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        return schedule.lr_at(step, lr=lr, global_batch_size=global_batch_size, base_batch_size=base_batch_size,
+                              scale_lr=True, warmup_steps=warmup_steps)
+
+    def interpolated(step, lr, global_batch_size, base_batch_size, warmup_steps):  # unusual but right
+        k = global_batch_size / base_batch_size
+        return float(np.interp(step, [0, warmup_steps], [lr, lr * k]))
+
+    def no_warmup(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        return lr * global_batch_size / base_batch_size
+
+    def not_scaled(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        return lr * min(1.0, step / warmup_steps) if step < warmup_steps else lr
+
+    def square_root(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * math.sqrt(global_batch_size / base_batch_size)
+        return target if step >= warmup_steps else lr + (target - lr) * step / warmup_steps
+
+    def from_zero(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * global_batch_size / base_batch_size
+        return target * min(1.0, step / warmup_steps)
+
+    def one_step_ahead(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * global_batch_size / base_batch_size
+        return target if step >= warmup_steps else lr + (target - lr) * (step + 1) / warmup_steps
+
+    def integer_factor(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * (global_batch_size // base_batch_size)
+        return target if step >= warmup_steps else lr + (target - lr) * step / warmup_steps
+
+    assert checks.check_warmup(solution)
+    verdict(capsys)
+    assert checks.check_warmup(interpolated)
+    verdict(capsys)
+    fails(capsys, checks.check_warmup(no_warmup), "no warm-up")
+    fails(capsys, checks.check_warmup(square_root), "square-root scaling")
+    fails(capsys, checks.check_warmup(from_zero), "not at 0")
+    fails(capsys, checks.check_warmup(not_scaled), "never grows with the batch")
+    fails(capsys, checks.check_warmup(one_step_ahead), "one step off")
+    fails(capsys, checks.check_warmup(integer_factor), "96 / 64 is 1.5", "integer division")
+    fails(capsys, checks.check_warmup(untouched), "NotImplementedError")
+
+
+
+
+def test_exposed_communication_check(capsys):
+    def solution(buckets, ranks, alpha, bandwidth, backward):
+        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
+        return max(each[-1], sum(each) - backward) if each else 0.0
+
+    def timeline(buckets, ranks, alpha, bandwidth, backward):  # unusual, right: when the last one ends
+        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
+        last_starts = max(backward, sum(each[:-1]))  # after backward, and after the buckets before it
+        return last_starts + each[-1] - backward
+
+    def no_overlap(buckets, ranks, alpha, bandwidth, backward):
+        return sum(ring(b, ranks, alpha, bandwidth) for b in buckets)
+
+    def last_only(buckets, ranks, alpha, bandwidth, backward):
+        return ring(buckets[-1], ranks, alpha, bandwidth)
+
+    def no_floor(buckets, ranks, alpha, bandwidth, backward):
+        return max(0.0, sum(ring(b, ranks, alpha, bandwidth) for b in buckets) - backward)
+
+    def first_as_last(buckets, ranks, alpha, bandwidth, backward):
+        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
+        return max(each[0], sum(each) - backward)
+
+    def half_ring(buckets, ranks, alpha, bandwidth, backward):
+        each = [(ranks - 1) * alpha + (ranks - 1) / ranks * b / bandwidth for b in buckets]
+        return max(each[-1], sum(each) - backward)
+
+    assert checks.check_exposed(solution)
+    verdict(capsys)
+    assert checks.check_exposed(timeline)
+    verdict(capsys)
+    fails(capsys, checks.check_exposed(no_overlap), "every bucket's time")
+    fails(capsys, checks.check_exposed(last_only), "only the last bucket")
+    fails(capsys, checks.check_exposed(no_floor), "starts only when backward ends")
+    fails(capsys, checks.check_exposed(first_as_last), "launch order")
+    fails(capsys, checks.check_exposed(half_ring), "2(N-1) alpha")
+    fails(capsys, checks.check_exposed(untouched), "NotImplementedError")

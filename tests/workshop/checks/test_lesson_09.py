@@ -1,0 +1,129 @@
+"""Lesson 9's checks (ZeRO's formula, the engine's bytes, FSDP2's reshard): each passes the solution, FAILs on
+what an untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix
+in one line."""
+import math
+
+import numpy as np
+
+from conftest import fails, untouched, verdict
+from scaledl.workshop import checks
+
+
+def zero_solution(num_params, world_size, stage):
+    return {"params": 2 * num_params / (world_size if stage >= 3 else 1),
+            "grads": 2 * num_params / (world_size if stage >= 2 else 1),
+            "optimizer": 12 * num_params / (world_size if stage >= 1 else 1)}
+
+
+def test_zero_formula_check(capsys):
+    def swapped(num_params, world_size, stage):  # parameters partitioned at stage 2, gradients at 3: same totals
+        return {"params": 2 * num_params / (world_size if stage >= 2 else 1),
+                "grads": 2 * num_params / (world_size if stage >= 3 else 1),
+                "optimizer": 12 * num_params / (world_size if stage >= 1 else 1)}
+
+    def forgot_gradients(num_params, world_size, stage):
+        return {**zero_solution(num_params, world_size, stage), "grads": 2 * num_params}
+
+    def total_only(num_params, world_size, stage):
+        return sum(zero_solution(num_params, world_size, stage).values())
+
+    def fp32_sizes(num_params, world_size, stage):
+        return {key: value * 2 if key != "optimizer" else value for key, value in
+                zero_solution(num_params, world_size, stage).items()}
+
+    def stage_off_by_one(num_params, world_size, stage):  # `stage > 1` where `stage >= 1` belongs
+        return zero_solution(num_params, world_size, stage - 1 if stage else 0)
+
+    def padded(num_params, world_size, stage):  # unusual but right: whole bytes, rounded up per partition
+        return {key: math.ceil(value) for key, value in zero_solution(num_params, world_size, stage).items()}
+
+    assert checks.check_zero_formula(zero_solution)
+    verdict(capsys)
+    assert checks.check_zero_formula(padded, world_size=7)
+    verdict(capsys)
+    fails(capsys, checks.check_zero_formula(stage_off_by_one), "stage 1: optimizer states are partitioned from stage 1")
+    assert sum(swapped(7.5e9, 8, 2).values()) == sum(zero_solution(7.5e9, 8, 2).values())
+    fails(capsys, checks.check_zero_formula(swapped), "stage 2", "every rank still holds all the parameters")
+    fails(capsys, checks.check_zero_formula(forgot_gradients), "stage 2: gradients are partitioned from stage 2")
+    fails(capsys, checks.check_zero_formula(total_only), "return a dict")
+    fails(capsys, checks.check_zero_formula(fp32_sizes), "2 bytes (fp16)")
+    fails(capsys, checks.check_zero_formula(untouched), "NotImplementedError")
+    fails(capsys, checks.check_zero_formula(None), "not set")
+
+
+def engine_solution(num_params, world_size, stage):
+    share = lambda partitioned: num_params / world_size if partitioned else num_params  # noqa: E731
+    return {"params": 4 * share(stage >= 3), "grads": 4 * share(stage >= 2),
+            "optimizer": (4 if stage == 0 else 8) * share(stage >= 1)}
+
+
+def test_engine_bytes_check(capsys):
+    def changed(key, value):  # the solution with one part replaced, from stage 1 on
+        return lambda n, w, s: {**engine_solution(n, w, s), **({key: value(n, w, s)} if s >= 1 else {})}
+
+    assert checks.check_engine_bytes(engine_solution)
+    verdict(capsys)
+    # Unusual but right: whole bytes per partition, rounded up as DeepSpeed pads, NumPy integers, a total.
+    def padded(num_params, world_size, stage):
+        parts = {key: np.int64(math.ceil(value))
+                 for key, value in engine_solution(num_params, world_size, stage).items()}
+        return {**parts, "total": sum(parts.values())}
+    assert checks.check_engine_bytes(padded, world_size=2)
+    verdict(capsys)
+    # The paper's mixed-precision Adam, copied from exercise 1.
+    fails(capsys, checks.check_engine_bytes(zero_solution), "stage 0", "fp32, 4 bytes")
+    # Momentum only, no master copy: stage 1 would then save bytes on 2 ranks.
+    fails(capsys, checks.check_engine_bytes(changed("optimizer", lambda n, w, s: 4 * n / w)),
+          "stage 1", "fp32 copy of the weights")
+    # The master copy at stage 0 too.
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "optimizer": 8 * n}),
+          "stage 0", "no copy of the weights below stage 1")
+    # The master copy of the whole model on every rank.
+    fails(capsys, checks.check_engine_bytes(changed("optimizer", lambda n, w, s: 4 * n / w + 4 * n)),
+          "stage 1", "partition only")
+    # Adam's 12 bytes with fp32 weights.
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s),
+                                                             "optimizer": 12 * n / (w if s else 1)}),
+          "stage 0", "Adam's")
+    # Stage 2 left the gradients whole.
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "grads": 4 * n}),
+          "stage 2: gradients are partitioned from stage 2")
+    # Stage 1 partitioned the gradients too (stage off by one).
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: engine_solution(n, w, min(s + 1, 3) if s else 0)),
+          "stage 1: every rank still holds all the gradients")
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: sum(engine_solution(n, w, s).values())), "return a dict")
+    fails(capsys, checks.check_engine_bytes(None), "not set")
+
+
+# ---------------------------------------------------------------- FSDP2
+
+LAYERS = ("FSDPConv2d 0", "FSDPConv2d 3", "FSDPLinear 7", "FSDPLinear 9")
+
+
+def fsdp_report(own=True, at_rest=True, after_forward=False, after_backward=True, loss=2.31):
+    """What the lesson's cell reports; the combinations below are those 2 gloo ranks of torch 2.13
+    showed for each way of wrapping torch_cnn (per layer with the default, the root alone with
+    reshard_after_forward=False, per layer and root with False, set_reshard_after_forward(False))."""
+    return {"own_group": dict.fromkeys(LAYERS, own), "at_rest": dict.fromkeys(LAYERS, at_rest),
+            "after_forward": dict.fromkeys(LAYERS, after_forward),
+            "after_backward": dict.fromkeys(LAYERS, after_backward), "loss": loss}
+
+
+def test_fsdp_reshard_check(capsys):
+    assert checks.check_fsdp_reshard([fsdp_report()] * 2)
+    verdict(capsys)
+    # Unusual but right: the default wrap, then model.set_reshard_after_forward(False); 4 ranks.
+    assert checks.check_fsdp_reshard([fsdp_report()] * 4)
+    verdict(capsys)
+    # FSDP2's default: every layer reshards after forward, backward gathers it again.
+    fails(capsys, checks.check_fsdp_reshard([fsdp_report(after_forward=True)] * 2), "FSDPConv2d 0 gives its",
+          "again")
+    # Only the root wrapped (with False): one group, nothing to overlap.
+    fails(capsys, checks.check_fsdp_reshard([fsdp_report(own=False)] * 2), "not sharded on its own")
+    # Not sharded at all (the model left as it was, or wrapped in DDP).
+    fails(capsys, checks.check_fsdp_reshard([fsdp_report(own=False, at_rest=False)] * 2), "whole on every rank")
+    # Ranks that ran different models on the same batch.
+    fails(capsys, checks.check_fsdp_reshard([fsdp_report(), fsdp_report(loss=2.4)]), "different losses")
+    fails(capsys, checks.check_fsdp_reshard([fsdp_report()]), "start 2 or more")
+    fails(capsys, checks.check_fsdp_reshard([None, None]), "did not finish")
+    assert not checks.check_fsdp_reshard(None)
