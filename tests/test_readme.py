@@ -70,6 +70,9 @@ def test_setup_times_come_from_the_readmes_table():
     measured = set(re.findall(r"(\d+(?:\.\d+)?) min", table))
     quoted = re.findall(r"(\d+(?:\.\d+)?) min", lesson_0_text())
     assert measured and quoted and set(quoted) <= measured, (quoted, measured)
+    # make setup's own progress lines say how long its builds take: the table's numbers too.
+    said = re.findall(r"about (\d+(?:\.\d+)?) min", (ROOT / "tools" / "setup.sh").read_text())
+    assert said and set(said) <= measured, (said, measured)
     outside = readme.replace(table, "")
     assert not re.search(r"setup\b[^.]*\b\d+(?:\.\d+)? min", outside.split("### Setup times")[0]), \
         "a setup time outside the table"

@@ -97,11 +97,11 @@ wheels="$cache/$key"
 mkdir -p "$wheels"
 echo "$built_against, GPUs: $gpus, $(mpirun --version | head -1)" > "$wheels/built-against.txt"
 if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
-    log "building Horovod against $built_against into $wheels (about 17 min on 2 cores, once)"
+    log "building Horovod against $built_against into $wheels (about 4.4 min on 2 cores, once: README, Setup times)"
     VENV="$venv" bash tools/build_horovod.sh "$wheels"
 fi
 if ! ls "$wheels"/deepspeed-*.whl >/dev/null 2>&1; then
-    log "building DeepSpeed with its CPU ops into $wheels (about 5 min, once)"
+    log "building DeepSpeed with its CPU ops into $wheels (about 2.5 min, once)"
     VENV="$venv" bash tools/build_deepspeed.sh "$wheels"
 fi
 
