@@ -105,6 +105,15 @@ def test_mnist_files(tmp_path, row):
     assert not out_dir.exists()
 
 
+@pytest.mark.parametrize("depth", [1, 3], ids=["a mistyped folder", "a mistyped path three folders deep"])
+def test_a_mistyped_data_dir_is_not_left_behind(tmp_path, depth):
+    # With no internet the download of the first file fails: the folders it made for it go with it.
+    data = tmp_path.joinpath(*["typo"] * depth)
+    result = run_command([*RUNG, "--dataset", "mnist", "--data-dir", str(data), "--out-dir", str(tmp_path / "out")])
+    assert_one_line(result, "MNIST file train-images-idx3-ubyte")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))
+
+
 # -- CIFAR-10 batches ------------------------------------------------------------------------
 
 class _Payload:

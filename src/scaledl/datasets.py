@@ -240,7 +240,9 @@ def tokens(seq_len: int = 128, num_train: int = 8192, num_test: int = 1024, num_
 
 
 def _download(url: str, target: Path) -> Path | None:
-    """Fetch one file; None when the machine has no internet (the caller says what to stage)."""
+    """Fetch one file; None when the machine has no internet (the caller says what to stage).  A fetch
+    that fails leaves nothing behind, not even the folders it made for the file (a mistyped --data-dir)."""
+    made = [folder for folder in (target.parent, *target.parent.parents) if not folder.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(target.suffix + ".part")
     try:
@@ -248,6 +250,11 @@ def _download(url: str, target: Path) -> Path | None:
             out.write(response.read())
     except OSError:
         partial.unlink(missing_ok=True)
+        for folder in made:  # deepest first; one that something else has filled meanwhile stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         return None
     partial.replace(target)
     return target
