@@ -29,7 +29,7 @@ CASES = {
                               "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
                               "for group in optimizer.param_groups:\n    group['lr'] *= world_size",
                               "differ from one process's steps"),
-    "torch_unnamed_is_right": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "PASS: "),
+    "torch_unnamed": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "allreduce.noname"),
     "tp_without_all_reduce": ("10_model_parallel", "    tdist.all_reduce(partial)", "    pass", "only its partial sum"),
 }
 

@@ -60,6 +60,21 @@ def test_horovod_sync_check_compares_with_one_process_on_the_global_batch(framew
           "optimizer state")
 
 
+def test_horovod_sync_check_wants_the_gradients_named_after_the_model(capsys):
+    right = {"average": 3e-8, "sum": 4e-3}
+    named = [["fc.weight", "fc.bias"], ["fc.weight", "fc.bias"]]
+    assert checks.check_horovod_sync(SAME, "torch", [right, right], named)
+    verdict(capsys)
+    # Without named_parameters Horovod trains just as well, under names it makes up.
+    unnamed = [["allreduce.noname.0.0", "allreduce.noname.0.1"]] * 2
+    fails(capsys, checks.check_horovod_sync(SAME, "torch", [right, right], unnamed), "allreduce.noname.0.0",
+          "named_parameters=model.named_parameters()")
+    fails(capsys, checks.check_horovod_sync(SAME, "torch", [right, right], [named[0], None]), "did not finish")
+    # With the names right, a wrong average is still named.
+    summed = {"average": 4e-3, "sum": 1e-8}
+    fails(capsys, checks.check_horovod_sync(SAME, "torch", [summed, summed], named), "summed over ranks")
+
+
 def fuse_right(tensors, threshold):
     buffers, used = [], 0
     for name, nbytes in tensors:

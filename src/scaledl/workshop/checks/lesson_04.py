@@ -20,7 +20,7 @@ _HOROVOD_FIXES = {
 
 
 def check_horovod_sync(fingerprints_by_rank: list, framework: str, errors_by_rank: list | None = None,
-                       tolerance: float = 1e-5) -> bool:
+                       names_by_rank: list | None = None, tolerance: float = 1e-5) -> bool:
     """Horovod's duties, checked apart.  Each rank gives [weights at the start, optimizer state at
     the start, weights after the last step]: equal starts need the two broadcasts, equal ends the
     averaged gradients.  (Two entries, [start, end], check the weights alone.)
@@ -29,7 +29,12 @@ def check_horovod_sync(fingerprints_by_rank: list, framework: str, errors_by_ran
     rank, {"average": largest difference of its trained weights from one process that took the
     same steps on the global batch (every rank's micro batches) from the same start, "sum": the
     same against that process with its gradients multiplied by world_size}: the weights must
-    match the first within `tolerance`."""
+    match the first within `tolerance`.
+
+    `names_by_rank` (PyTorch): per rank, the names Horovod's DistributedOptimizer gives the gradients'
+    all-reduces.  Without `named_parameters` it makes them up as `allreduce.noname.<group>.<index>`
+    (horovod/torch/optimizer.py, 0.28.1): the job still trains, but the names come from the optimizer's
+    parameter groups, not the model, so Horovod's timeline and its errors name no layer."""
     if fingerprints_by_rank is None:
         return False
     if len(fingerprints_by_rank) < 2:
@@ -52,6 +57,15 @@ def check_horovod_sync(fingerprints_by_rank: list, framework: str, errors_by_ran
     if any(e is None for e in errors_by_rank):
         return _verdict(False, "the reference cell did not finish on every rank: run the cells above in order")
     world_size = len(fingerprints_by_rank)
+    if names_by_rank is not None:
+        if any(names is None for names in names_by_rank):
+            return _verdict(False, "the training cell did not finish on every rank: finish the exercise above and "
+                                   "run both cells")
+        unnamed = sorted({name for names in names_by_rank for name in names if name.startswith("allreduce.noname")})
+        if unnamed:
+            return _verdict(False, f"Horovod calls the gradients {unnamed[0]}, ...: pass "
+                                   "named_parameters=model.named_parameters() to DistributedOptimizer, so each "
+                                   "all-reduce carries its layer's name (the timeline and Horovod's errors use it)")
     worst = max(errors_by_rank, key=lambda e: e["average"])
     if worst["average"] > tolerance:
         if worst.get("sum", math.inf) <= tolerance:
