@@ -23,11 +23,11 @@ demo: setup
 	$(BIN)/scaledl demo --out-dir runs/demo --overwrite
 
 # Every tier that can run here (slow multi-process runs, the Slurm cluster, MPICH, the browser, GPUs
-# where there are some; each skips with one line where it cannot), then the ten slowest tests.
+# where there are some; each skips with one line where it cannot), two tests at a time and then the
+# `serial` ones alone (tools/test.sh), the ten slowest tests and the time per tier.
 # Notebooks run top to bottom on real kernels and real ranks; a failing cell fails the build.
 test: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=10 --nbval-lax --nbval-current-env \
-		tests solutions $(wildcard notebooks/*.ipynb)
+	bash tools/test.sh
 
 # The edit-test loop, under 5 minutes: the unit tests (no tier marker), one short run of every rung
 # with its own launcher (scaledl demo), and the lessons' checks (tests/workshop/checks/, unmarked).

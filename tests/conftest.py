@@ -71,9 +71,10 @@ FILE_TIERS = {"test_slurm.py": ("slurm", "slow"), "test_mpich.py": ("mpich", "sl
 
 
 # The tier a test's time is counted under at the end of a run, the first of these it is marked with;
-# unmarked tests are "unit", the lessons' cells (nbval) "notebooks".
+# unmarked tests are "unit", the lessons' cells (nbval) "notebooks".  Read from each report, so that it
+# works the same in pytest-xdist's controller, which collects nothing itself.
 TIME_TIERS = ("gpu", "browser", "slurm", "mpich", "slow")
-_tier_of: dict[str, str] = {}
+TIER_ORDER = ("unit", *reversed(TIME_TIERS), "notebooks")
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, set] = {}
 
@@ -82,27 +83,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for marker in FILE_TIERS.get(item.path.name, ()):
             item.add_marker(marker)
-        tier = "notebooks" if item.path.suffix == ".ipynb" else next(
-            (name for name in TIME_TIERS if item.get_closest_marker(name)), "unit")
-        _tier_of[item.nodeid] = tier
+
+
+def tier_of(report) -> str:
+    if ".ipynb::" in report.nodeid:
+        return "notebooks"
+    return next((name for name in TIME_TIERS if name in report.keywords), "unit")
 
 
 def pytest_runtest_logreport(report):
     """Setup, call and teardown all count: a shared fixture's start is paid by its tier's first test."""
-    tier = _tier_of.get(report.nodeid, "unit")
+    tier = tier_of(report)
     _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
     _tier_tests.setdefault(tier, set()).add(report.nodeid)
 
 
-def pytest_terminal_summary(terminalreporter):
-    if not _tier_seconds:
+def pytest_terminal_summary(terminalreporter, config):
+    """The tests' own time per tier (summed over workers when there are several); with
+    $SCALEDL_TIER_TIMES set, also added to that JSON file, which tools/test.sh prints at the end."""
+    if not _tier_seconds or hasattr(config, "workerinput"):
         return
     terminalreporter.section("time per tier")
-    for tier in ("unit", *reversed(TIME_TIERS), "notebooks"):
-        if tier in _tier_seconds:
-            terminalreporter.write_line(f"{tier:>10}: {_tier_seconds[tier] / 60:6.1f} min in "
-                                        f"{len(_tier_tests[tier])} tests")
-    terminalreporter.write_line(f"{'all':>10}: {sum(_tier_seconds.values()) / 60:6.1f} min")
+    for tier in (t for t in TIER_ORDER if t in _tier_seconds):
+        terminalreporter.write_line(f"{tier:>10}: {_tier_seconds[tier] / 60:6.1f} min in "
+                                    f"{len(_tier_tests[tier])} tests")
+    path = os.environ.get("SCALEDL_TIER_TIMES")
+    if path:
+        totals = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+        for tier, seconds in _tier_seconds.items():
+            before = totals.get(tier, [0.0, 0])
+            totals[tier] = [before[0] + seconds, before[1] + len(_tier_tests[tier])]
+        Path(path).write_text(json.dumps(totals))
 
 
 @dataclass

@@ -112,10 +112,6 @@ def first_paragraph(path: Path) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def lines_of(path: Path) -> int:
-    return len(path.read_text().splitlines())
-
-
 def render(mods: dict[str, Path], edges: dict[str, set[str]]) -> str:
     by_room = defaultdict(list)
     for name in mods:
@@ -133,9 +129,7 @@ def render(mods: dict[str, Path], edges: dict[str, set[str]]) -> str:
            "Rooms, lowest first; an arrow is \"imports from\", labelled with the number of module-to-module imports.",
            "", "```mermaid", "flowchart BT"]
     for i, (room, what) in enumerate(ROOMS):
-        count = len(by_room[room])
-        total = sum(lines_of(mods[m]) for m in by_room[room])
-        out.append(f'    r{i}["{room}<br/>{what}<br/>{count} modules, {total} lines"]')
+        out.append(f'    r{i}["{room}<br/>{what}<br/>{len(by_room[room])} modules"]')
     ids = {room: f"r{i}" for i, (room, _) in enumerate(ROOMS)}
     for (source, target), count in sorted(arrows.items(), key=lambda kv: (ids[kv[0][0]], ids[kv[0][1]])):
         out.append(f"    {ids[source]} -->|{count}| {ids[target]}")
@@ -144,12 +138,12 @@ def render(mods: dict[str, Path], edges: dict[str, set[str]]) -> str:
         names = sorted(by_room[room])
         package = mods[room]
         out += [f"## `{room}`: {what}", "", first_paragraph(package), ""]
-        out += ["| module | lines | imports from scaledl | what it is |", "| --- | --- | --- | --- |"]
+        out += ["| module | imports from scaledl | what it is |", "| --- | --- | --- |"]
         for name in names:
             if name == room:
                 continue
             targets = ", ".join(sorted(t.removeprefix("scaledl.") for t in edges.get(name, ()))) or "-"
-            out.append(f"| `{name}` | {lines_of(mods[name])} | {targets} | {first_paragraph(mods[name])} |")
+            out.append(f"| `{name}` | {targets} | {first_paragraph(mods[name])} |")
         out.append("")
     return "\n".join(out)
 

@@ -130,6 +130,7 @@ def deepspeed_buffers() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("deepspeed_")}
 
 
+@pytest.mark.serial  # counts every DeepSpeed buffer in /dev/shm
 def test_scancel_ends_every_rank_and_leaves_nothing(slurm_cluster, cpu_jobs, tmp_path):
     before = deepspeed_buffers()
     job_id, _ = submit(slurm_cluster, cpu_jobs / "deepspeed.sh", tmp_path, wait=False,

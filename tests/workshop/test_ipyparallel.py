@@ -36,6 +36,7 @@ def ipyparallel_processes() -> set[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # counts every ipyparallel process on the machine
 def test_a_start_that_times_out_says_so_in_one_line_and_leaves_nothing_running():
     """ipyparallel waits for the engines `engine_timeout` seconds inside start_and_connect_sync (60 by
     default), so `timeout_s` must reach it; and a start that times out must stop the controller and
