@@ -25,7 +25,8 @@ from scaledl.devices import BACKENDS, pick_backend, pick_device  # noqa: F401  (
 from scaledl.launch_env import LaunchEnv, LaunchError, detect, free_port, host_name_problem, job_port
 
 MPI_LAUNCHERS = ("openmpi", "mpich", "pals", "slurm")
-_WORKER_DRAIN_S = 0.2
+# The name torch gives gloo's collective worker threads (ProcessGroupGloo::runLoop, torch 2.x).
+_GLOO_WORKER = "pt_gloo_runloop"
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ def setup(device: str | None = None, backend: str | None = None, timeout_s: floa
         dist.init_process_group(
             backend=torch_backend, rank=job.rank, world_size=job.world_size, **init,
             **({"device_id": torch_device} if torch_device.type == "cuda" else {}))
+        _wait_for_gloo_workers_at_exit()
     return Distributed(job.rank, job.local_rank, job.world_size, job.local_world_size,
                        torch_device, torch_backend, job.launcher, addr, port)
 
@@ -300,14 +302,94 @@ def teardown() -> None:
         # Not when leaving because of an error: a peer may be dead, and the barrier would
         # wait out the whole timeout a second time.
         if sys.exc_info()[0] is None:
-            dist.barrier()
+            _finish_all_collectives(dist)
         dist.destroy_process_group()
-        # A collective's worker thread drops its reference to the caller's tensor after the
-        # caller has moved on, and since torch 2.10 that needs the GIL.  If the interpreter
-        # is already finalizing by then, the thread is killed inside C++ and the process
-        # aborts after a successful run.  On a loaded machine such a thread can lag, so give
-        # it the GIL for a moment before the script returns.
-        time.sleep(_WORKER_DRAIN_S)
+        wait_for_gloo_workers()
+
+
+def _finish_all_collectives(dist) -> None:
+    """A barrier on every group this rank is in, oldest first (the same order on every rank).
+
+    Gloo's barrier completes only after every collective that was running or queued on its
+    group when it was called (ProcessGroupGloo::barrier).  The default group's barrier says
+    nothing about the others, each of which has its own worker threads: DeepSpeed's collectives
+    run on a clone of the world group (deepspeed.utils.groups._clone_world_group), FSDP's and
+    tensor parallelism's on their meshes' groups."""
+    groups = list(getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {}) or [None])
+    for group in groups:
+        dist.barrier(group=group)
+
+
+def wait_for_gloo_workers(timeout_s: float = 5.0) -> bool:
+    """Wait until no gloo worker thread of this process has anything left to do; False if
+    one still had after `timeout_s` (or where threads cannot be seen: not Linux).
+
+    A gloo worker marks a collective complete (the caller's wait returns), then drops its own
+    references to the collective's tensors (ProcessGroupGloo::runLoop).  Since torch 2.10 a
+    tensor that has a Python object takes the GIL on that drop (intrusive_ptr's PyObject
+    preservation: TensorImpl::decref_pyobject).  A worker that the scheduler holds back until
+    the interpreter is finalizing is then ended inside C++ by Python 3.11's take_gil
+    (PyThread_exit_thread), and the unwinding through torch's noexcept destructors calls
+    std::terminate: the process aborts, "terminate called without an active exception",
+    after a successful run.  So wait, with the GIL free, until every worker sleeps: a worker
+    that is running or ready to run (its drop pending) keeps the wait going, and one blocked
+    on the GIL takes it while this thread sleeps."""
+    workers = _threads_named(_GLOO_WORKER)
+    if workers is None:  # no /proc: the threads cannot be seen; give them the GIL for a moment
+        time.sleep(0.2)
+        return False
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    # Three looks in a row: a worker may come to wait for the GIL just as this thread takes it
+    # back to look; this thread's next sleep hands the GIL on (CPython's drop_gil wakes a waiter).
+    while quiet < 3:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+        quiet = 0 if any(_thread_state(stat) in ("R", "D") for stat in workers) else quiet + 1
+    return True
+
+
+def _threads_named(name: str) -> list[str] | None:
+    """The /proc stat files of this process's threads called `name`; None without /proc."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().strip() == name:
+                    found.append(f"/proc/self/task/{tid}/stat")
+        except OSError:
+            pass  # the thread ended
+    return found
+
+
+def _thread_state(stat: str) -> str | None:
+    """A thread's scheduler state (R running or ready, S sleeping, D in the kernel, ...); None once gone."""
+    try:
+        with open(stat) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2]  # the field after the (name), which may hold spaces
+
+
+_at_exit_registered = False
+
+
+def _wait_for_gloo_workers_at_exit() -> None:
+    """Also wait for the gloo workers when a script that joined a group ends without teardown():
+    atexit functions run before the interpreter starts finalizing.  Only local waiting here, no
+    collective: the script may be leaving because of an error, with its peers dead or elsewhere."""
+    global _at_exit_registered
+    if not _at_exit_registered:
+        import atexit
+
+        atexit.register(wait_for_gloo_workers, 2.0)
+        _at_exit_registered = True
 
 
 def params_fingerprint(model) -> str:
@@ -345,10 +427,10 @@ def exit_process(code: int) -> None:
     """End a training process with `code` without running interpreter finalization.
 
     After `teardown()` there is nothing left to do, but communication threads that outlive it
-    (gloo's, while a DDP model still holds the group) can abort the process at interpreter
-    shutdown ("terminate called without an active exception") after a successful run.  So
-    the rungs shut Horovod down and finalize MPI themselves, flush their output, and leave
-    (after a successful run only: see below).
+    (gloo's, while a DDP model still holds the group: see `wait_for_gloo_workers`) can abort
+    the process at interpreter shutdown ("terminate called without an active exception")
+    after a successful run.  So the rungs shut Horovod down and finalize MPI themselves,
+    flush their output, and leave (after a successful run only: see below).
     """
     from scaledl import signals
 
@@ -359,7 +441,7 @@ def exit_process(code: int) -> None:
         except (OSError, ValueError):
             pass  # the reader is gone (a launcher that exited, a closed pipe): nothing left to say
     if "torch.distributed" in sys.modules:
-        time.sleep(_WORKER_DRAIN_S)  # let lagging collective worker threads let go (see teardown)
+        wait_for_gloo_workers()  # no worker still holding a collective's tensors (see there)
     if code != 0:
         # Leaving on an error: shutting Horovod down and MPI_Finalize wait for every rank (a
         # fence), and a peer may be dead, or stuck in a collective waiting for this one, until
