@@ -33,7 +33,9 @@ test: setup
 # with its own launcher (scaledl demo), and the lessons' checks (tests/workshop/checks/, unmarked).
 CHECK_TIERS := not slow and not slurm and not mpich and not browser and not gpu
 check: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=5 -n 2 --dist loadfile -m "$(CHECK_TIERS)" tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=5 -n 2 --dist loadfile \
+		-m "$(CHECK_TIERS) and not serial" tests
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "$(CHECK_TIERS) and serial" tests
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/scaledl demo --out-dir runs/check --overwrite \
 		--epochs 1 --train-limit 512 --log-interval 2
 

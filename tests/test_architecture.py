@@ -35,11 +35,15 @@ def test_the_graph_sees_deferred_and_relative_imports(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "errors.py").write_text("def f():\n    from scaledl.hpc import jobs\n")
     (package / "hpc" / "__init__.py").write_text("")
-    (package / "hpc" / "jobs.py").write_text("from .. import errors\n")
+    (package / "hpc" / "jobs.py").write_text("from .. import errors\n\n\ndef g():\n    from .binding import x\n")
     monkeypatch.setattr(tool, "SRC", tmp_path)
-    edges = tool.imports(tool.modules())
-    assert edges["scaledl.errors"] == {"scaledl.hpc.jobs"} and edges["scaledl.hpc.jobs"] == {"scaledl.errors"}
+    mods = tool.modules()
+    edges = tool.imports(mods)
+    assert edges["scaledl.errors"] == {"scaledl.hpc.jobs"}
+    assert edges["scaledl.hpc.jobs"] == {"scaledl.errors", "scaledl.hpc.binding"}
     assert tool.circles(edges) == [["scaledl.errors", "scaledl.hpc.jobs"]]
+    # A module that moved away and an import that still names it (deferred, relative): no such module.
+    assert tool.missing(mods, edges) == [("scaledl.hpc.jobs", "scaledl.hpc.binding")]
 
 
 def test_each_room_says_what_it_is_for_and_what_it_may_import():

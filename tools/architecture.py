@@ -101,7 +101,14 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def missing(mods: dict[str, Path], edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, name) pairs where the name is no module of the package (a module that moved)."""
+    return [(source, target) for source, targets in sorted(edges.items()) for target in sorted(targets)
+            if target not in mods]
+
+
 def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where the imported module's room is above the importer's."""
     floor = {room: i for i, (room, _) in enumerate(ROOMS)}
     return sorted((source, target) for source, targets in edges.items() for target in targets
                   if floor[room_of(target)] > floor[room_of(source)])
@@ -154,7 +161,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     mods = modules()
     edges = imports(mods)
-    problems = [f"circle: {' <-> '.join(group)}" for group in circles(edges)]
+    problems = [f"missing: {source} imports {target}, which is no module of the package"
+                for source, target in missing(mods, edges)]
+    problems += [f"circle: {' <-> '.join(group)}" for group in circles(edges)]
     problems += [f"upward: {source} imports {target} ({room_of(source)} is below {room_of(target)})"
                  for source, target in upward(edges)]
     text = render(mods, edges)

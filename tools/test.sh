@@ -4,7 +4,7 @@
 #      time, so a notebook's cells and a file's shared fixtures stay in one process): about half of
 #      a one-at-a-time run waits on launchers, timeouts and schedulers with a core idle;
 #   2. the `serial` tests alone: they check state the whole machine shares (/dev/shm, every
-#      ipyparallel process), which a test beside them would change.
+#      ipyparallel process), which a test beside them would change, or time real seconds.
 # WORKERS=1 runs phase 1 one test at a time, as `make test` did before.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -20,7 +20,8 @@ start=$(date +%s)
 "$python" -m pytest -q --durations=10 "${parallel[@]}" -m "not serial" --nbval-lax --nbval-current-env \
     --junitxml "$results/parallel.xml" tests solutions notebooks/*.ipynb || status=$?
 middle=$(date +%s)
-"$python" -m pytest -q --durations=3 -m serial --junitxml "$results/serial.xml" tests ||
+"$python" -m pytest -q --durations=3 -m serial --nbval-lax --nbval-current-env --junitxml "$results/serial.xml" \
+    tests solutions notebooks/*.ipynb ||
     { code=$?; [ "$code" -eq 5 ] || status=$code; }
 end=$(date +%s)
 "$python" - "$times" "$((middle - start))" "$((end - middle))" "$workers" "$results" <<'PY'

@@ -43,6 +43,7 @@ def test_without_synchronize_the_reading_ignores_the_device():
     assert slow.samples_per_s(64, synchronize=True) < slow.samples_per_s(64, synchronize=False) / 50
 
 
+@pytest.mark.serial  # real seconds
 def test_the_grader_times_the_same_device_in_real_time():
     assert checks.SimulatedDevice is async_timeline.SimulatedDevice
     device = async_timeline.SimulatedDevice(step_s=0.05, warmup_steps=0, launch_s=0.005)

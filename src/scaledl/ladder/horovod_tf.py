@@ -16,10 +16,9 @@ import os  # New Code #
 import horovod.tensorflow as hvd  # New Code #
 import tensorflow as tf
 
-from scaledl import datasets, distributed, models, report, sharding  # New Code #
+from scaledl import datasets, distributed, keras_compat, models, report, sharding  # New Code #
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
-from scaledl.ladder.harness import keras_compat
 from scaledl.ladder.harness.horovod_keras_fit import keras_fit  # New Code #: --keras-fit, the tape in fit
 
 RUNG = "horovod_tf"

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from scaledl import datasets, models, sharding
+from scaledl import datasets, keras_compat, models, sharding
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
-from scaledl.ladder.harness import keras_compat
 
 RUNG = "single_tf"
 NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, *harness.COLLECTIVE_FLAGS, "device",

@@ -418,7 +418,7 @@ def node_binding(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     when none are (far): that rank's data loader, pinned memory and copies to the GPU cross the chip."""
     from matplotlib.patches import FancyArrowPatch
 
-    from .binding import format_cpulist
+    from scaledl.hpc.binding import format_cpulist
 
     from matplotlib.figure import Figure
 
@@ -481,7 +481,7 @@ def cpu_map(panels: dict, numa_cpus: dict, gpu_nodes: dict):
     are (far); the text beside it names the GPU and that GPU's NUMA node."""
     from matplotlib.figure import Figure
 
-    from .binding import cpu_runs, format_cpulist
+    from scaledl.hpc.binding import cpu_runs, format_cpulist
 
     shades = ["#E8EEF7", "#F3E3D3", "#E3F0E3", "#EFE3F3"]
     gpus = list(gpu_nodes)

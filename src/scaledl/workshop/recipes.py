@@ -102,7 +102,7 @@ def aurora(rung: str, *flags: str, live_ranks: int = 0) -> str:
     return recipe(rung, *flags, live_ranks=live_ranks, system="aurora")
 
 
-RECORDED_NODES = Path(__file__).resolve().parents[2] / "tests" / "data" / "sysfs"  # in a clone of the repository
+RECORDED_NODES = Path(__file__).resolve().parents[3] / "tests" / "data" / "sysfs"  # in a clone of the repository
 
 
 def polaris_node_figure(ranks_per_node: int = 4):

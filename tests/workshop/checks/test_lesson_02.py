@@ -2,6 +2,8 @@
 FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
 import math
 
+import pytest
+
 
 from conftest import fails, untouched, verdict
 from scaledl.workshop import checks
@@ -101,6 +103,7 @@ def per_step_mean(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
     return batch_size / (sum(times) / len(times))
 
 
+@pytest.mark.serial  # the simulated device runs in real seconds: a busy core beside it blurs the 10% tolerance
 def test_samples_per_s_on_a_simulated_device(capsys):
     assert checks.check_samples_per_s(honest)
     verdict(capsys)
@@ -117,6 +120,7 @@ def test_samples_per_s_on_a_simulated_device(capsys):
     fails(capsys, checks.check_samples_per_s(None), "not set")
 
 
+@pytest.mark.serial  # real seconds
 def test_simulated_device_queues_work_until_synchronized():
     import time
 

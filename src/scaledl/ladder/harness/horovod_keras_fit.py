@@ -12,8 +12,7 @@ import time
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from scaledl import sharding
-from scaledl.ladder.harness import keras_compat
+from scaledl import keras_compat, sharding
 
 
 class AveragingModel(tf.keras.Model):
