@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-
 from conftest import fails, untouched, verdict
 from scaledl.workshop import checks
 from scaledl.workshop.checks import lesson_02
