@@ -93,29 +93,36 @@ def tier_of(report) -> str:
     return next((name for name in TIME_TIERS if name in report.keywords), "unit")
 
 
-def pytest_runtest_logreport(report):
-    """Setup, call and teardown all count: a shared fixture's start is paid by its tier's first test."""
-    tier = tier_of(report)
-    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
-    _tier_tests.setdefault(tier, set()).add(report.nodeid)
+class TierTimes:
+    """Registered as a plugin (pytest_configure), not as conftest hooks: a conftest's hooks see only the
+    tests below its folder, and the lessons' notebooks are outside tests/."""
+
+    def pytest_runtest_logreport(self, report):
+        """Setup, call and teardown all count: a shared fixture's start is paid by its tier's first test."""
+        tier = tier_of(report)
+        _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+        _tier_tests.setdefault(tier, set()).add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter, config):
+        """The tests' own time per tier (summed over workers when there are several); with
+        $SCALEDL_TIER_TIMES set, also added to that JSON file, which tools/test.sh prints at the end."""
+        if not _tier_seconds or hasattr(config, "workerinput"):
+            return
+        terminalreporter.section("time per tier")
+        for tier in (t for t in TIER_ORDER if t in _tier_seconds):
+            terminalreporter.write_line(f"{tier:>10}: {_tier_seconds[tier] / 60:6.1f} min in "
+                                        f"{len(_tier_tests[tier])} tests")
+        path = os.environ.get("SCALEDL_TIER_TIMES")
+        if path:
+            totals = json.loads(Path(path).read_text() or "{}") if Path(path).is_file() else {}
+            for tier, seconds in _tier_seconds.items():
+                before = totals.get(tier, [0.0, 0])
+                totals[tier] = [before[0] + seconds, before[1] + len(_tier_tests[tier])]
+            Path(path).write_text(json.dumps(totals))
 
 
-def pytest_terminal_summary(terminalreporter, config):
-    """The tests' own time per tier (summed over workers when there are several); with
-    $SCALEDL_TIER_TIMES set, also added to that JSON file, which tools/test.sh prints at the end."""
-    if not _tier_seconds or hasattr(config, "workerinput"):
-        return
-    terminalreporter.section("time per tier")
-    for tier in (t for t in TIER_ORDER if t in _tier_seconds):
-        terminalreporter.write_line(f"{tier:>10}: {_tier_seconds[tier] / 60:6.1f} min in "
-                                    f"{len(_tier_tests[tier])} tests")
-    path = os.environ.get("SCALEDL_TIER_TIMES")
-    if path:
-        totals = json.loads(Path(path).read_text() or "{}") if Path(path).is_file() else {}
-        for tier, seconds in _tier_seconds.items():
-            before = totals.get(tier, [0.0, 0])
-            totals[tier] = [before[0] + seconds, before[1] + len(_tier_tests[tier])]
-        Path(path).write_text(json.dumps(totals))
+def pytest_configure(config):
+    config.pluginmanager.register(TierTimes(), "scaledl-tier-times")
 
 
 @dataclass
