@@ -4,6 +4,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
+#SBATCH --exclusive
 #SBATCH --time=00:30:00
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue

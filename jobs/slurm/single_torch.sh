@@ -4,6 +4,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=1
+#SBATCH --exclusive
 #SBATCH --time=00:30:00
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue

@@ -76,7 +76,8 @@ def test_cpu_partition_scripts_ask_for_no_gpus(tmp_path):
         script = tmp_path / "slurm" / f"{name}.sh"
         found = directives(script, "#SBATCH")
         assert not [d for d in found if d.startswith("--gpus")], (name, found)
-        assert {"--nodes=1", "--partition=cpu"} <= set(found), (name, found)
+        # Whole nodes, so that `scaledl launch` shares the node's CPUs out among the ranks (srun -c).
+        assert {"--nodes=1", "--partition=cpu", "--exclusive"} <= set(found), (name, found)
         assert "# A CPU partition (scaledl jobs --slurm-gpus-per-node 0)" in script.read_text()
     # Two ranks a node without GPUs (the lessons' CPU ranks), unless asked for more.
     assert "--ntasks-per-node=2" in directives(tmp_path / "slurm/ddp.sh", "#SBATCH")

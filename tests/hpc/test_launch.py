@@ -143,6 +143,20 @@ def test_slurm_passes_the_allocations_cpus_per_task_on():
         assert not any(part.startswith("--cpus-per-task") for part in command)
 
 
+def test_slurm_shares_a_whole_nodes_cpus_out_when_the_job_asked_for_no_cpus_per_task():
+    # `sbatch --exclusive --ntasks-per-node=4` on a 64-CPU node: SLURM_CPUS_ON_NODE=64, no SLURM_CPUS_PER_TASK;
+    # without -c each of the 4 ranks would be bound to one CPU.
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "64"}
+    assert "--cpus-per-task=16" in build_plan(4, DDP, system="slurm", env=env, python="python").command
+    assert "--cpus-per-task=21" in build_plan(3, DDP, system="slurm", env=env, python="python").command
+    # The allocation's own -c wins; srun's own setting is the user's; a node with one CPU a rank adds nothing.
+    assert "--cpus-per-task=8" in build_plan(4, DDP, system="slurm", env={**env, "SLURM_CPUS_PER_TASK": "8"},
+                                              python="python").command
+    for extra in ({"SRUN_CPUS_PER_TASK": "2"}, {"SLURM_CPUS_ON_NODE": "4"}, {"SLURM_CPUS_ON_NODE": "x"}):
+        command = build_plan(4, DDP, system="slurm", env={**env, **extra}, python="python").command
+        assert not any(part.startswith("--cpus-per-task") for part in command), extra
+
+
 def test_slurm_binds_cores_only_where_the_cluster_can():
     assert task_plugin_binds_cpus("TaskPlugin              = task/affinity,task/cgroup\n") is True
     assert task_plugin_binds_cpus("TaskPlugin              = task/none\nTaskPluginParam = (null type)\n") is False

@@ -107,6 +107,9 @@ def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str
         lines = [f"--job-name=scaledl-{job.name}", f"--account={project}",
                  *([f"--partition={partition}"] if partition else []), f"--nodes={job.nodes}",
                  f"--ntasks-per-node={job.ppn}", *([f"--gpus-per-node={gpus}"] if gpus else []),
+                 # Whole nodes: `scaledl launch` then gives each rank the node's CPUs / ranks per node
+                 # (srun --cpus-per-task), not Slurm's default of one CPU per task.
+                 "--exclusive",
                  f"--time={walltime}", f"--signal=B:USR1@{TIME_LIMIT_WARNING_S}", "--requeue",
                  "--output=%x-%j.out", "--open-mode=append"]
         text = "\n".join(f"#SBATCH {line}" for line in lines)

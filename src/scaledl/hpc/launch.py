@@ -187,6 +187,27 @@ def _aurora(nranks, nodes, ppn, target, env, python, dry_run):
     return command, {}
 
 
+def _slurm_cpus_per_task(env: Mapping[str, str], ppn: int) -> list[str]:
+    """srun's --cpus-per-task for each rank: the allocation's, else the node's CPUs shared out.
+
+    Without it every task gets one CPU under --cpu-bind=cores (srun(1), -c: the default is one
+    processor per task), so a rank's data loader and intra-op threads share one core.  Since
+    Slurm 22.05 srun no longer inherits sbatch/salloc's --cpus-per-task (Slurm's RELEASE_NOTES
+    for 22.05; sbatch(1), --cpus-per-task): passed on explicitly.  A job that asked for none
+    (the job scripts ask for whole nodes, #SBATCH --exclusive) gets SLURM_CPUS_ON_NODE // ppn;
+    SRUN_CPUS_PER_TASK is srun's own setting, the user's choice, and is left to srun.
+    """
+    if "SRUN_CPUS_PER_TASK" in env:
+        return []
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit():
+        return [f"--cpus-per-task={cpus}"]
+    on_node = env.get("SLURM_CPUS_ON_NODE", "")
+    if on_node.isdigit() and int(on_node) // ppn > 1:
+        return [f"--cpus-per-task={int(on_node) // ppn}"]
+    return []
+
+
 def _slurm(nranks, nodes, ppn, target, env, python, dry_run):
     allocated = slurm_nodes(env)
     if allocated is not None and allocated < nodes:
@@ -196,10 +217,7 @@ def _slurm(nranks, nodes, ppn, target, env, python, dry_run):
     # Each rank on cores of its own, where the cluster can bind (task/affinity) and the user has
     # not chosen a binding (SLURM_CPU_BIND); elsewhere srun would only print that it cannot.
     bind = [] if "SLURM_CPU_BIND" in env or slurm_binds_cpus(env) is False else ["--cpu-bind=cores"]
-    # Since Slurm 22.05 srun no longer inherits the allocation's --cpus-per-task (its RELEASE_NOTES;
-    # sbatch(1), --cpus-per-task): without it each rank would get one core.  Passed on explicitly.
-    cpus = env.get("SLURM_CPUS_PER_TASK", "")
-    per_task = [f"--cpus-per-task={cpus}"] if cpus.isdigit() and "SRUN_CPUS_PER_TASK" not in env else []
+    per_task = _slurm_cpus_per_task(env, ppn)
     command = ["srun", "-N", str(nodes), "-n", str(nranks), "--ntasks-per-node", str(ppn), *gpus, *per_task,
                *bind, *target.python_command(python)]
     return command, {}
