@@ -172,6 +172,7 @@ def slurm_cluster(tmp_path_factory):
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
     for name in [n for n in env if n.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")) and n != "SLURM_CONF"]:
         del env[name]  # a test run inside a Slurm job must not hand that job's variables to this cluster
+    env.pop("DS_ACCELERATOR", None)  # as a user's shell: what the jobs need, `scaledl launch` must set
     started = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], env=env, capture_output=True, text=True,
                              timeout=120)
     if started.returncode != 0:

@@ -53,3 +53,32 @@ warnings.warn("something else is deprecated", FutureWarning)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "all_gather_into_tensor" not in result.stderr and "reduce_scatter_tensor" not in result.stderr
     assert "something else is deprecated" in result.stderr
+
+
+def test_the_untested_optimizer_warning_and_the_built_line_are_dropped_and_nothing_else():
+    code = """
+import logging
+from scaledl import quiet
+quiet.deepspeed()
+import importlib
+ds_torch = importlib.import_module("deepspeed.comm.torch")  # deepspeed.comm.torch the attribute is torch
+from deepspeed.utils import logger
+logger.warning("**** You are using ZeRO with an untested optimizer, proceed with caution *****")
+logger.warning("another DeepSpeed warning")
+op = ds_torch.build_shm_op()  # the real build of DeepSpeed's shared-memory op on a CPU
+print("built", op is not None)
+quiet.deepspeed()  # a second call wraps nothing twice
+def build():
+    print("DeepSpeed deepspeed.ops.comm.x_op built successfully")
+    print("compiler says something")
+    return 7
+print("returned", quiet._without_built_line(build)())
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"DS_ACCELERATOR": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    whole = result.stdout + result.stderr
+    assert "untested optimizer" not in whole and "another DeepSpeed warning" in whole
+    assert "built successfully" not in whole
+    assert "built True" in result.stdout  # the op was built: its line was there to drop
+    assert "compiler says something\nreturned 7" in result.stdout

@@ -10,6 +10,7 @@ Nothing here hides an error: each function names the one message it silences and
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import warnings
@@ -46,7 +47,20 @@ def deepspeed() -> None:
 
     torch 2.13 deprecates `all_gather_into_tensor` and `reduce_scatter_tensor`, which ZeRO in
     DeepSpeed 0.19.8 still calls: the FutureWarning is for DeepSpeed's authors, not for a learner.
+
+    Two more lines each successful run printed, neither of which a learner can act on:
+    - "**** You are using ZeRO with an untested optimizer, proceed with caution *****" (rank 0's
+      logger, `DeepSpeedEngine._do_optimizer_sanity_check`, deepspeed/runtime/engine.py): the
+      rungs train every framework with torch's SGD with momentum, so that their runs compare like
+      for like, and say so in their config (`zero_allow_untested_optimizer`); ZeRO partitions any
+      torch optimizer's state.
+    - "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" on every rank on a
+      CPU (`build_shm_op`, deepspeed/comm/torch.py; `build_ccl_op` in comm/ccl.py says the same):
+      printed each time the communication backend is made.  Only that line is dropped; anything
+      else the build prints, and every error it raises, goes through.
     """
+    import importlib
+
     import deepspeed.ops
 
     for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
@@ -55,6 +69,42 @@ def deepspeed() -> None:
     if "__compatible_ops__" not in vars(deepspeed.ops):
         with _descriptor_2_to_devnull():
             getattr(deepspeed.ops, "__compatible_ops__")
+    ds_logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _UntestedOptimizer) for f in ds_logger.filters):
+        ds_logger.addFilter(_UntestedOptimizer())
+    for module_name, function in (("deepspeed.comm.torch", "build_shm_op"), ("deepspeed.comm.ccl", "build_ccl_op")):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a release without it, or oneCCL's bindings missing
+            continue
+        build = getattr(module, function, None)
+        if build is not None and not getattr(build, "_scaledl_quiet", False):
+            setattr(module, function, _without_built_line(build))
+
+
+class _UntestedOptimizer(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "untested optimizer" not in str(record.msg)
+
+
+def _without_built_line(build):
+    """`build` with its "DeepSpeed <op> built successfully" line dropped from what it prints."""
+    import functools
+    import io
+
+    @functools.wraps(build)
+    def quiet_build(*args, **kwargs):
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                return build(*args, **kwargs)
+        finally:
+            kept = [line for line in printed.getvalue().splitlines(keepends=True)
+                    if not (line.startswith("DeepSpeed ") and line.rstrip().endswith(" built successfully"))]
+            sys.stdout.write("".join(kept))
+
+    quiet_build._scaledl_quiet = True
+    return quiet_build
 
 
 @contextlib.contextmanager

@@ -157,6 +157,20 @@ def test_slurm_shares_a_whole_nodes_cpus_out_when_the_job_asked_for_no_cpus_per_
         assert not any(part.startswith("--cpus-per-task") for part in command), extra
 
 
+def test_a_slurm_job_without_gpus_tells_deepspeed_it_trains_on_the_cpu():
+    from scaledl import devices
+
+    cpu_job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"}
+    plan = build_plan(2, DDP, system="slurm", env=cpu_job, python="python")
+    # On a node without GPUs (this one, unless a GPU is at hand) the ranks get DS_ACCELERATOR=cpu.
+    assert plan.env.get("DS_ACCELERATOR") == (None if devices.accelerator_count() else "cpu")
+    # The user's own choice, and a job Slurm gave GPUs, are left alone.
+    assert "DS_ACCELERATOR" not in build_plan(2, DDP, system="slurm", env={**cpu_job, "DS_ACCELERATOR": "cuda"},
+                                              python="python").env
+    assert "DS_ACCELERATOR" not in build_plan(2, DDP, system="slurm", env={**cpu_job, "SLURM_GPUS_ON_NODE": "4"},
+                                              python="python").env
+
+
 def test_slurm_binds_cores_only_where_the_cluster_can():
     assert task_plugin_binds_cpus("TaskPlugin              = task/affinity,task/cgroup\n") is True
     assert task_plugin_binds_cpus("TaskPlugin              = task/none\nTaskPluginParam = (null type)\n") is False

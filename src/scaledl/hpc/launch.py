@@ -220,7 +220,21 @@ def _slurm(nranks, nodes, ppn, target, env, python, dry_run):
     per_task = _slurm_cpus_per_task(env, ppn)
     command = ["srun", "-N", str(nodes), "-n", str(nranks), "--ntasks-per-node", str(ppn), *gpus, *per_task,
                *bind, *target.python_command(python)]
-    return command, {}
+    return command, _cpu_job_env(env) if not gpus else {}
+
+
+def _cpu_job_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A job without GPUs on a node without any: DS_ACCELERATOR=cpu, as `launchers.local_env` sets
+    for local ranks.  Otherwise DeepSpeed finds no GPU at `import deepspeed` and every rank warns
+    "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect
+    it." (`get_accelerator`, deepspeed/accelerator/real_accelerator.py, 0.19.8): the CPU is what
+    the job asked for.  The node is asked too (a cluster that gives GPUs without telling Slurm
+    would otherwise train on the CPU)."""
+    if "DS_ACCELERATOR" in env:
+        return {}
+    from scaledl.hpc.launchers import visible_accelerators
+
+    return {"DS_ACCELERATOR": "cpu"} if visible_accelerators(dict(env))[1] == 0 else {}
 
 
 def export_line(plan: LaunchPlan, name: str) -> str:

@@ -106,9 +106,12 @@ def horovodrun(nproc: int, module: str, args=(), controller: str = "gloo") -> li
 
 
 def deepspeed(nproc: int, module: str, args=()) -> list[str]:
-    # The launcher's default port is a fixed 29500: two jobs on one node would collide.
-    return [*launcher_command("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}", "--module",
-            module, *args]
+    # The launcher's default port is a fixed 29500: two jobs on one node would collide.  At its default
+    # log level (info) it also prints its command lines and, after the rung's summary, a line per rank
+    # that exited well (deepspeed/launcher/runner.py and launch.py, --log_level, 0.17.6-0.19.8): its
+    # warnings and errors still show.
+    return [*launcher_command("deepspeed"), f"--num_gpus={nproc}", f"--master_port={free_port()}",
+            "--log_level=warning", "--module", module, *args]
 
 
 def for_launcher(launcher: str, nproc: int, module: str, args=()) -> list[str]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, models, precision, sharding  # New Code #
+from scaledl import datasets, devices, distributed, models, precision, quiet, sharding  # New Code #
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
 
@@ -57,6 +57,7 @@ def wrap(model, optimizer, scheduler, ds_config: dict, device):
     """The engine this rung trains (the benchmarks time this same wiring): it moves the model to the
     device, broadcasts rank 0's weights, and from now on does backward, step and the scheduler's step."""
     distributed.deepspeed_sees(device)  # DeepSpeed takes LOCAL_RANK as the index of the rank's GPU
+    quiet.deepspeed()  # DeepSpeed's messages a learner cannot act on (each named in scaledl.quiet)
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                            config=ds_config)
     distributed.release_deepspeed_shared_memory()  # DeepSpeed never removes its /dev/shm buffers

@@ -16,7 +16,10 @@ The model (each formula below cites where it comes from):
   `bucket_cap_mb` (25 MB) as backward produces them.  Without overlap every bucket waits for the
   end of backward; with overlap the buckets run one after another during backward, and what is
   left exposed is the larger of the last bucket (launched when backward ends) and the
-  communication that did not fit under backward (Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2).
+  communication that did not fit under backward.  That estimate is this module's own, from two
+  assumptions; the overlap it rests on (a bucket's all-reduce launched asynchronously once it is
+  full, in bucket order, all awaited at the end of backward) is what Li et al., "PyTorch
+  Distributed", VLDB 2020, sec. 3.2, and PyTorch's DDP design note (notes/ddp.rst) describe.
   Overlap needs somewhere else for the communication to run (`Link.overlaps`): a GPU's copy
   engines and a second stream do; a CPU whose cores the ranks' compute already fills does not.
 * Horovod fuses gradients that are ready into one all-reduce of at most the fusion threshold, once

@@ -345,7 +345,9 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     for index, (tick, group) in enumerate(reductions):
         width = 0.8 * cycle_ms / max(1, sum(1 for t, _ in reductions if t == tick))
         left = tick + width * sum(1 for t, _ in reductions[:index] if t == tick)
-        ax.barh(fused_row, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5)
+        # Hatched: a modelled tick of the background thread, not a measured reduction.
+        ax.barh(fused_row, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5,
+                hatch="//")
         fits = 0.045 * right * len(group) < width  # room for the names inside the bar
         ax.text(left + width / 2, fused_row if fits else fused_row - 0.4,
                 "+".join(group) if fits else f"{len(group)} tensor{'s' * (len(group) > 1)}",
@@ -353,7 +355,7 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     for tick in range(ticks + 1):
         ax.axvline(tick * cycle_ms, color="gray", linewidth=0.5, linestyle=":")
     ax.set(yticks=[*range(len(submitted)), fused_row],
-           yticklabels=[*(f"rank {r} submits" for r in range(len(submitted))), "fused all-reduce"],
+           yticklabels=[*(f"rank {r} submits" for r in range(len(submitted))), "fused all-reduce (modelled)"],
            xlabel=f"ms (dotted: a cycle every {cycle_ms:g} ms)", ylim=(-0.6 - 0.3 * bool(spans), fused_row + 0.7),
            xlim=(0, right),
            title=title or "each cycle reduces what every rank has submitted, by name, fused into one buffer")
