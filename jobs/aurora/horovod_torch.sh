@@ -10,7 +10,7 @@
 #PBS -k doe
 #
 # The ladder's horovod_torch rung on aurora.
-# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# Written by `scaledl jobs` from scaledl/hpc/templates/job.sh.template, the one template of every
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
 # Submit from the directory that holds your runs:  qsub jobs/aurora/horovod_torch.sh
@@ -25,14 +25,17 @@ if command -v module >/dev/null 2>&1; then
     module load frameworks
 fi
 # The frameworks module has no Horovod for PyTorch (docs.alcf.anl.gov/aurora/data-science/frameworks/
-# pytorch): this job stops here unless a Horovod for PyTorch is importable.
-if ! python3 -c 'import horovod.torch' 2>/dev/null; then
+# pytorch): this job stops here unless a Horovod for PyTorch is importable, from the module or from
+# the venv below.
+horovod_python="${SCALEDL_VENV:-$PWD/.venv}/bin/python"
+[ -x "$horovod_python" ] || horovod_python=python3
+if ! "$horovod_python" -c 'import horovod.torch' 2>/dev/null; then
     echo "error: no Horovod for PyTorch on Aurora: run horovod_torch on Polaris or a laptop" >&2
     exit 2
 fi
 
 # The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
-# `make setup SYSTEM=aurora` makes over the module loaded above (nothing of the module reinstalled).
+# `make setup SYSTEM=aurora` makes over the module loaded above (nothing of it reinstalled).
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
 if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
     echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=aurora' in your clone" \

@@ -9,7 +9,7 @@
 #PBS -j oe
 #
 # Scaling sweep of the ddp rung on polaris: 1, 2, 4, ... nodes.
-# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# Written by `scaledl jobs` from scaledl/hpc/templates/job.sh.template, the one template of every
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
 # Submit from the directory that holds your runs:  qsub jobs/polaris/sweep.sh
@@ -27,7 +27,7 @@ if command -v module >/dev/null 2>&1; then
 fi
 
 # The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
-# `make setup SYSTEM=polaris` makes over the module loaded above (nothing of the module reinstalled).
+# `make setup SYSTEM=polaris` makes over the module loaded above (nothing of it reinstalled).
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
 if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
     echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=polaris' in your clone" \

@@ -12,13 +12,13 @@
 #SBATCH --open-mode=append
 #
 # Scaling sweep of the ddp rung on slurm: 1, 2, 4, ... nodes.
-# Written by `scaledl jobs` from scaledl/templates/job.sh.template, the one template of every
+# Written by `scaledl jobs` from scaledl/hpc/templates/job.sh.template, the one template of every
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
 # Submit from the directory that holds your runs:  sbatch jobs/slurm/sweep.sh
 # See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/slurm/sweep.sh
-# `scaledl launch` builds the srun command and exports slurm's recommended
-# communication variables unless you set them first; --dry-run prints both.
+# `scaledl launch` builds the srun command; --dry-run prints it (a Slurm cluster
+# has no communication presets here: export your site's NCCL variables in the set-up above).
 set -eo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 
@@ -28,7 +28,7 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 # The other rungs need no MPI under srun.
 
 # The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
-# `make setup SYSTEM=slurm` makes over the module loaded above (nothing of the module reinstalled).
+# `make setup SYSTEM=slurm` makes over the Python of the modules you load above (nothing of it reinstalled).
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
 if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
     echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=slurm' in your clone" \

@@ -52,7 +52,8 @@ def test_pbs_and_slurm_directives(generated):
 
 @pytest.mark.parametrize("system, nodes, queue", [
     ("polaris", 1, "debug"), ("polaris", 2, "debug"), ("polaris", 8, "debug-scaling"), ("polaris", 16, "prod"),
-    ("aurora", 16, "debug-scaling"), ("aurora", 64, "prod"),
+    ("aurora", 16, "debug-scaling"), ("aurora", 64, "debug-scaling"), ("aurora", 256, "debug-scaling"),
+    ("aurora", 512, "prod"),  # ALCF's queue table since 2026-02: debug-scaling 2-256 nodes
 ])
 def test_queue_follows_the_node_count(system, nodes, queue):
     assert jobs.queue(system, nodes) == queue

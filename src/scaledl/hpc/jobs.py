@@ -93,11 +93,13 @@ class Job:
 
 
 def queue(system: str, nodes: int) -> str:
-    """The ALCF queue for a job of `nodes` nodes (debug: 1-2 nodes; debug-scaling: up to 10 on
-    Polaris and 31 on Aurora; prod above)."""
+    """The ALCF queue for a job of `nodes` nodes: debug for 1-2 nodes; debug-scaling up to 10 on
+    Polaris and 256 on Aurora; prod above (the queue tables of ALCF's running-jobs pages,
+    docs/polaris/running-jobs/index.md and docs/aurora/running-jobs-aurora.md, argonne-lcf/user-guides
+    2026-08: Aurora's debug-scaling takes 2-256 nodes since 2026-02, its prod 256 and more)."""
     if nodes <= 2:
         return "debug"
-    return "debug-scaling" if nodes <= {"polaris": 10, "aurora": 31}[system] else "prod"
+    return "debug-scaling" if nodes <= {"polaris": 10, "aurora": 256}[system] else "prod"
 
 
 def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str | None = None) -> str:
@@ -176,8 +178,11 @@ RUNG_SETUP = {
     ("aurora", "single_tf"): AURORA_TF,
     ("aurora", "horovod_torch"): SETUP["aurora"] + (
         "# The frameworks module has no Horovod for PyTorch (docs.alcf.anl.gov/aurora/data-science/frameworks/\n"
-        "# pytorch): this job stops here unless a Horovod for PyTorch is importable.\n"
-        "if ! python3 -c 'import horovod.torch' 2>/dev/null; then\n"
+        "# pytorch): this job stops here unless a Horovod for PyTorch is importable, from the module or from\n"
+        "# the venv below.\n"
+        "horovod_python=\"${SCALEDL_VENV:-$PWD/.venv}/bin/python\"\n"
+        "[ -x \"$horovod_python\" ] || horovod_python=python3\n"
+        "if ! \"$horovod_python\" -c 'import horovod.torch' 2>/dev/null; then\n"
         "    echo \"error: no Horovod for PyTorch on Aurora: run horovod_torch on Polaris or a laptop\" >&2\n"
         "    exit 2\n"
         "fi\n"),
@@ -259,6 +264,10 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
         "time_limit": "" if pbs else SLURM_TIME_LIMIT,
         "launch_end": "" if pbs else SLURM_LAUNCH_END,
         "after_loop": "" if pbs else SLURM_AFTER_LOOP,
+        "comm": (f" and exports {job.system}'s recommended\n# communication variables unless you set them first; "
+                 "--dry-run prints both." if pbs else "; --dry-run prints it (a Slurm cluster\n# has no "
+                 "communication presets here: export your site's NCCL variables in the set-up above)."),
+        "base": "the module loaded above" if pbs else "the Python of the modules you load above",
     }
     template = resources.files("scaledl.hpc").joinpath("templates", "job.sh.template").read_text()
     return re.sub(r"\{\{(\w+)\}\}", lambda match: values[match.group(1)], template)

@@ -78,16 +78,17 @@ POLARIS_COMM_ENV = (
     Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
            f"{USERFAULTFD} instead of intercepting the allocator's calls ({FI_MR_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_CXI_DEFAULT_CQ_SIZE", "131072",
-           f"a completion queue larger than the provider's default, so many operations in flight do not overrun "
-           f"it ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
+           f"a completion queue large enough that many operations in flight do not overrun it (the CXI provider's "
+           f"default was 1024 up to libfabric 2.1, 131072 from 2.2) ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
 )
 
 
 # ALCF's NCCL page exports NCCL_NET="AWS Libfabric" together with the plugin's folder and hwloc's on
 # LD_LIBRARY_PATH (argonne-lcf/user-guides, docs/polaris/applications-and-libraries/libraries/nccl.md).
 # NCCL_NET names a network that must load: with no libnccl-net.so to find, NCCL fails every
-# communicator ("network AWS Libfabric not found", ncclNetInit in NCCL's src/init.cc) instead of
-# falling back to sockets.  So where no LD_LIBRARY_PATH folder holds the plugin, these go first.
+# communicator instead of falling back to sockets (ncclNetInit: "Failed to initialize any NET plugin",
+# ncclInvalidUsage, src/plugin/net.cc in NCCL 2.27-2.28; "Error: network %s not found." in src/net.cc
+# up to 2.23).  So where no LD_LIBRARY_PATH folder holds the plugin, these go first.
 POLARIS_NCCL_PLUGIN_FOLDERS = ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib", "/soft/libraries/hwloc/lib")
 NCCL_PLUGIN_FILE = "libnccl-net.so"
 
