@@ -113,6 +113,9 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
 
     how = plan(world_size, system)
     os.environ.update(how.env)  # the engines inherit the notebook's environment
+    # TensorFlow's C++ start-up lines (oneDNN, CPU instructions) on every rank's stderr, as
+    # launchers.local_env and `make lab` keep them out; a value the user set stays.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # start_and_connect_sync waits for every engine for engine_timeout seconds (60 by default,
     # ipyparallel/cluster/cluster.py): ranks that import torch on a busy node can take longer.
     cluster = ipp.Cluster(n=how.world_size, engines="mpi", log_level=logging.WARNING,
