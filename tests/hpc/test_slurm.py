@@ -7,6 +7,7 @@ there is no Slurm.  Runs are short (1 epoch of 512 samples); each prints its job
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -210,3 +211,32 @@ def test_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_from
         output[-3000:]
     assert "--out-dir runs/ddp/1nodes --resume " in after
     assert second[0] == first[-1] + 4  # the requeued run went on from the step it saved, nothing trained twice
+
+
+def test_learners_jobs_at_once_each_leave_their_run_in_the_class(slurm_cluster, cpu_jobs, tmp_path):
+    """Three learners' jobs (one shared training account: SCALEDL_CLASS_LEARNER tells them apart) run at
+    the same time and write their runs into one class directory; the report reads all three."""
+    from scaledl import class_records
+    from scaledl.workshop import class_report
+
+    folder = tmp_path / "class"
+    subprocess.run([tool("scaledl"), "class", "init", str(folder), "--system", "slurm"], check=True)
+    job_ids = []
+    for learner in ("ann", "bob", "cy"):
+        cwd = tmp_path / learner
+        cwd.mkdir()
+        job_id, _ = submit(slurm_cluster, cpu_jobs / "ddp.sh", cwd, wait=False, SCALEDL_RUN_FLAGS=QUICK,
+                           **{class_records.ENV: str(folder), class_records.LEARNER_ENV: learner})
+        job_ids.append(job_id)
+    for job_id in job_ids:
+        state = slurm_cluster.wait_for(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=600)
+        assert state.get("JobState") == "COMPLETED", state
+    report = class_report.build(folder)
+    assert report.records.skipped == [] and len(report.records.runs) == 3
+    klass = report.records.klass
+    learners = {class_records.learner(klass, user) for user in ("ann", "bob", "cy")}
+    assert {r["learner"] for r in report.records.runs} == learners
+    assert all(r["nodes"] == 1 and r["summary"]["world_size"] == 2 for r in report.records.runs)
+    (point,) = [p for p in report.points if p["series"] == "weak"]
+    assert len(point["learners"]) == 3 and point["runs"] == 3
+    print(report.text)

@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("scaledl.perf.predict_cli", "predict step time and scaling efficiency at N ranks from a measured step"),
     "bench": ("scaledl.perf.bench.cli",
               "benchmarks: overhead, scaling, communication, memory, input, metrics, synthetic"),
+    "class": ("scaledl.cli.class_command",
+              "a workshop's class in one shared directory: its curve, every learner's checks"),
 }
 
 

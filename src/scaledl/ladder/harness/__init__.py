@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from scaledl import config as config_lib, report, run_dir, schedule, signals
+from scaledl import class_records, config as config_lib, launch_env, report, run_dir, schedule, signals
 from scaledl.ladder.harness import run_state
 # What a rung saves when the model's state is not one process's plain state dict: a rung names one here.
 from scaledl.ladder.harness.run_state import DeepSpeedState, FullState, StageState  # noqa: F401
@@ -53,8 +53,11 @@ def parser(rung: str, without: tuple[str, ...] = ()):
 
 
 def parse(flags, argv=None):
-    """(Config, namespace with the rung's own flags). Parsing writes nothing anywhere."""
-    return config_lib.config_from_args(flags, argv)
+    """(Config, namespace with the rung's own flags). Parsing writes nothing anywhere; a class
+    directory named by SCALEDL_CLASS_DIR is checked here, before anything runs."""
+    parsed = config_lib.config_from_args(flags, argv)
+    class_records.from_env()
+    return parsed
 
 
 def parse_args(rung: str, argv=None, without: tuple[str, ...] = ()) -> Config:
@@ -204,8 +207,26 @@ class Run:
         memory = report.peak_memory_bytes(self.device)
         summary = report.finish(self.rung, self.world_size, self.history, test_accuracy, self.config.out_dir,
                                 memory, self.is_main, **extra)
+        if self.is_main:
+            self._to_class(summary)
         self.comm.barrier()  # every rank leaves together (see distributed.teardown)
         return summary
+
+    def _to_class(self, summary: dict) -> None:
+        """In a class (SCALEDL_CLASS_DIR), the run's summary and what it ran on, for the class's curve."""
+        try:
+            job = launch_env.detect()
+            nodes = job.world_size // job.local_world_size if job.local_world_size else None
+        except launch_env.LaunchError:
+            nodes = None
+        try:
+            class_records.write_run(summary, nodes=nodes, batch_size=self.config.batch_size,
+                                    global_batch_size=self.config.batch_size * self.replicas,
+                                    model=self.config.model, precision=self.config.precision,
+                                    num_params=getattr(self, "meta", {}).get("num_params"), device=str(self.device))
+        except OSError as error:  # the run itself is saved in OUT_DIR: say so, and end as it would have
+            self.log.warning(f"the class directory did not take this run's summary ({error}); it is in "
+                             f"{self.config.out_dir}/summary.json")
 
 
 class TorchRun(Run):
