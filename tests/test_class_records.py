@@ -147,3 +147,15 @@ def test_a_rung_refuses_a_class_directory_that_is_not_one_before_it_writes(tmp_p
         f"scaledl.ladder.single_torch: error: {tmp_path / 'nope'} is not a directory: ask your instructor for the "
         "class directory, or unset SCALEDL_CLASS_DIR"]
     assert not out.exists() and not (tmp_path / "nope").exists()
+
+
+def test_lesson_7_tells_a_learner_their_point_or_why_there_is_none(klass_dir, monkeypatch):
+    monkeypatch.delenv(class_records.ENV, raising=False)
+    assert classroom.my_point().startswith("not in a class (SCALEDL_CLASS_DIR is unset)")
+    monkeypatch.setenv(class_records.ENV, str(klass_dir))
+    monkeypatch.setenv(class_records.LEARNER_ENV, "ann")
+    assert "no node count is assigned yet" in classroom.my_point()
+    classroom.assign(klass_dir, [4], ["ann"])
+    lines = classroom.my_point("polaris").splitlines()
+    assert lines[0].endswith("4 nodes of ddp; submit it from a login node:")
+    assert lines[1].startswith("qsub -q debug-scaling -l select=4:system=polaris -v ")

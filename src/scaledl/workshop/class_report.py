@@ -81,10 +81,17 @@ def _figure(points: list[dict], predicted: dict, key: str, klass: dict):
         if name in predicted:
             px, py = zip(*predicted[name])
             efficiency.plot(px, py, "--", color=color, label=f"{label}: predicted")
+    counts = sorted({p[key] for p in points})
     for ax in (speed, efficiency):
         ax.set_xlabel(key)
-        if points and max(p[key] for p in points) > 8:
+        if counts and counts[-1] > 8:
             ax.set_xscale("log", base=2)
+        if counts:  # the counts themselves as ticks, whole numbers
+            from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+            ax.set_xticks(counts)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
     speed.set(ylabel="samples/s (median of learners; bars: lowest to highest)", title="throughput")
     efficiency.set(ylabel="efficiency per rank against the first point", ylim=(0, 1.2), title="efficiency")
     efficiency.axhline(1.0, color="gray", lw=0.6, ls=":")

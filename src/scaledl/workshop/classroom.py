@@ -229,3 +229,51 @@ def submit_command(part: dict, system: str, folder: str | os.PathLike) -> str:
     # One machine: the assigned count is a count of ranks.
     return (f"SCALEDL_CLASS_DIR={shlex.quote(str(folder))} scaledl launch -n {nodes} -- scaledl.ladder.{rung} "
             f"--out-dir runs/class/{rung}-{nodes} {flags}").rstrip()
+
+
+def simulate(folder: str | os.PathLike, counts: list[int], per_count: int = 2, rung: str = "ddp",
+             flags: tuple[str, ...] = ("--epochs", "1", "--train-limit", "512")) -> Path:
+    """A class on this machine, for an instructor to try the report before the workshop: `per_count`
+    learners at each rank count, each a real run of `rung` under `scaledl launch`, two learners at a
+    time with one thread a rank (as two jobs share a node).  Makes the class if `folder` holds none."""
+    import subprocess
+    import tempfile
+
+    from scaledl.hpc import launchers
+
+    folder = Path(folder)
+    if not (folder / class_records.CLASS_FILE).exists():
+        subprocess.run([launchers.tool("scaledl"), "class", "init", str(folder), "--name", "simulated", "--system",
+                        "local"], check=True, capture_output=True)
+    outs = Path(tempfile.mkdtemp(prefix="class-runs-"))
+    learners = [(f"learner{i + 1}", ranks) for i, ranks in enumerate(n for n in counts for _ in range(per_count))]
+    for start in range(0, len(learners), 2):
+        running = []
+        for user, ranks in learners[start:start + 2]:
+            env = launchers.local_env(ranks, {**os.environ, class_records.ENV: str(folder),
+                                              class_records.LEARNER_ENV: user, "OMP_NUM_THREADS": "1"})
+            command = [launchers.tool("scaledl"), "launch", "-n", str(ranks), "--", f"scaledl.ladder.{rung}", *flags,
+                       "--out-dir", str(outs / user)]
+            running.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            text=True))
+        for process in running:
+            output, _ = process.communicate()
+            if process.returncode != 0:
+                raise RuntimeError(f"a simulated learner's run failed:\n{output[-2000:]}")
+    return folder
+
+
+def my_point(system: str | None = None) -> str:
+    """What lesson 7 prints for a learner: their node count and the command that runs it, on the
+    class's system unless `system`; or why there is none yet."""
+    folder = class_records.from_env()
+    if folder is None:
+        return (f"not in a class ({class_records.ENV} is unset): on your own, the sweep above is your curve; "
+                "in a workshop, join the class first (lesson 0)")
+    part = class_records.assignment(folder)
+    if part is None:
+        return (f"in the class at {folder}, but no node count is assigned yet: your instructor runs "
+                "`scaledl class assign`")
+    system = system or class_records.read_class(folder).get("system", "polaris")
+    return (f"{part['learner']}: {part['nodes']} node{'s' * (part['nodes'] > 1)} of {part['rung']}; submit it from a "
+            f"login node:\n{submit_command(part, system, folder)}")
