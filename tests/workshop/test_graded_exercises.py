@@ -77,15 +77,14 @@ def test_papermill_overrides_the_parameters_cell(path, tmp_path):
 
 
 def test_lesson_0_binding_exercises_pass_with_the_right_answers():
-    """Lesson 0's three binding checks, run in the notebook itself with the answers filled in (its
-    stored cells hold the usual first guesses, which fail): every check says PASS, and the
-    two-rank launch is drawn."""
-    notebook = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
+    """The three binding checks of lesson 0's appendix, run in the notebook itself, top to bottom,
+    with the answers filled in (its stored cells hold the usual first guesses, which fail): every
+    check says PASS, and the two-rank launch is drawn.  The appendix starts no live ranks."""
+    notebook = nbformat.read(ROOT / "notebooks" / "00_appendix_placement.ipynb", as_version=4)
     answers = {"prediction = ": "prediction = {0: (3, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}\n",
                "VERDICTS = ": 'VERDICTS = {0: "split", 1: "far"}\n',
                "CPU_BIND = ": 'CPU_BIND = "list:0-7:8-15"\n'}
-    stop = next(i for i, cell in enumerate(notebook.cells) if "engines.start(WORLD_SIZE)" in cell.source)
-    notebook.cells = notebook.cells[:stop]  # the live ranks are the lesson's own test
+    assert not any("engines.start" in cell.source for cell in notebook.cells if cell.cell_type == "code")
     filled = []
     for cell in notebook.cells:
         for prefix, answer in answers.items():

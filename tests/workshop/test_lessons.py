@@ -227,7 +227,7 @@ def test_lessons_import_no_rung_internals():
 
 
 # The Polaris recipe each lesson prints, and the rung it is for.
-RECIPES = {"00_setup": "ddp", "01_why_scale": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
+RECIPES = {"00_setup": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
            "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_model_parallel": "fsdp_tp"}
 # A lesson's live ranks on a Polaris node: a node's 4 GPUs, except where the lesson's split needs exactly 2.

@@ -37,7 +37,7 @@ def dry_run(nranks: int, ppn: int, *target: str, system: str = "polaris") -> lis
 
 
 def test_the_launch_lines_are_what_scaledl_launch_prints():
-    recipe = recipes.polaris("ddp", "--epochs", "1").splitlines()
+    recipe = recipes.polaris("ddp", "--epochs", "1", full=True).splitlines()
     printed = dry_run(8, 4, "scaledl.ladder.ddp", "--epochs", "1")
     assert recipe[-len(printed):] == printed
     assert printed[-1].startswith("mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth ")
@@ -45,18 +45,32 @@ def test_the_launch_lines_are_what_scaledl_launch_prints():
 
 
 def test_the_live_ranks_run_as_the_engines_do():
-    recipe = recipes.polaris("ddp", live_ranks=4).splitlines()
+    recipe = recipes.polaris("ddp", live_ranks=4, full=True).splitlines()
     assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1:system=polaris -l walltime=01:00:00 "
                          "-l filesystems=home:eagle")
     assert recipe[3] == dry_run(4, 4, "ipyparallel.engine")[-1]
 
 
 def test_the_model_parallel_recipes_keep_tensor_parallelism_inside_a_node():
-    two_d = recipes.polaris("fsdp_tp").splitlines()
+    two_d = recipes.polaris("fsdp_tp", full=True).splitlines()
     assert "#PBS -l select=2:system=polaris" in two_d  # FSDP2 across the two nodes
     assert two_d[-1] == dry_run(8, 4, "scaledl.ladder.fsdp_tp", "--tp", "4")[-1]  # tp = a node's 4 GPUs
     assert recipes.polaris("tensor_parallel").splitlines()[-1].startswith("mpiexec -n 4 --ppn 4 ")
     assert recipes.polaris("pipeline").splitlines()[-1].startswith("mpiexec -n 2 --ppn 2 ")  # its 2 stages
+
+
+@pytest.mark.parametrize("system, rung", [("polaris", "ddp"), ("polaris", "horovod_tf"), ("aurora", "horovod_tf"),
+                                          ("aurora", "zero3")])
+def test_the_short_form_is_the_full_recipes_job_launch_and_nodes(system, rung):
+    full = recipes.recipe(rung, live_ranks=4, system=system).splitlines()
+    short = recipes.recipe(rung, live_ranks=4, system=system, full=False).splitlines()
+    assert short[-1] == full[-1]  # the same launch line
+    assert short[1] == full[1] and short[1].startswith("qsub -I ")  # the same interactive job
+    assert [line for line in short if line.startswith("#PBS -l select=")] == \
+        [line for line in full if line.startswith("#PBS -l select=")]
+    assert not [line for line in short if line.startswith("export ")] and len(short) <= 10
+    # A rung with modules of its own (Aurora's TensorFlow) says so; the others leave lesson 0's out.
+    assert any("module load" in line for line in short) == ((system, rung) == ("aurora", "horovod_tf"))
 
 
 def test_a_rung_without_a_job_is_one_line():
@@ -67,7 +81,7 @@ def test_a_rung_without_a_job_is_one_line():
 @pytest.mark.parametrize("rung", ["ddp", "deepspeed", "zero3", "fsdp_tp"])
 def test_the_aurora_recipe_is_the_aurora_job_script(rung):
     script = (ROOT / "jobs" / "aurora" / f"{rung}.sh").read_text().splitlines()
-    recipe = recipes.aurora(rung).splitlines()
+    recipe = recipes.aurora(rung, full=True).splitlines()
     pbs = [line for line in script if line.startswith("#PBS ")]
     assert [line for line in recipe if line.startswith("#PBS ")] == pbs
     assert "#PBS -l filesystems=home:flare" in recipe and "module load frameworks" in recipe
@@ -78,7 +92,7 @@ def test_the_aurora_recipe_is_the_aurora_job_script(rung):
 
 
 def test_the_aurora_live_ranks_take_a_node_of_12_tiles():
-    recipe = recipes.aurora("ddp", live_ranks=12).splitlines()
+    recipe = recipes.aurora("ddp", live_ranks=12, full=True).splitlines()
     assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1 -l walltime=01:00:00 "
                          "-l filesystems=home:flare")
     assert recipe[3].startswith("mpiexec -n 12 --ppn 12 ") and "ipyparallel.engine" in recipe[3]

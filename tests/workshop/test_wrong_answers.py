@@ -1,4 +1,4 @@
-"""The live checks of lessons 3-5 and 10 FAIL on the wrong answers learners write, run for real: each
+"""The live checks of lessons 3-5, 8 and 10 FAIL on the wrong answers learners write, run for real: each
 case takes the solution notebook, puts one realistic mistake in place of the solution line,
 runs it on live ranks up to its checks, and reads the verdict."""
 import nbformat
@@ -13,12 +13,21 @@ CHECK_TAG = "nbval-check-output"
 CASES = {
     # lesson, the solution's text, the mistake in its place, what the failing verdict says
     "reduce_to_rank_0": ("03_collectives", "tdist.all_reduce(x, op=tdist.ReduceOp.SUM)", "tdist.reduce(x, dst=0)",
-                         "only rank 0 holds the sum"),
+                         "only rank 0 holds the average"),
+    "sum_not_averaged": ("03_collectives", "x /= dist.world_size\n", "", "that is the sum"),
+    "shard_by_local_rank": ("03_collectives", "return indices[rank::world_size]",
+                            "return indices[local_rank::world_size]", "sharded by local rank"),
+    "shard_unpadded": ("03_collectives", "    indices += indices[:per_rank * world_size - num_samples]", "    pass",
+                       "wait alone in its all-reduce"),
     "tf_summed": ("04_horovod_tf", "tape = hvd.DistributedGradientTape(tape)",
                   "tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)", "summed over ranks"),
     "tf_model_only": ("04_horovod_tf",
-                      "        hvd.broadcast_variables(keras_compat.tf_variables(optimizer.variables), root_rank=0)\n",
+                      "        hvd.broadcast_variables(optimizer_variables, root_rank=0)\n",
                       "", "optimizer state"),
+    "torch_sum_at_the_same_lr": ("05_horovod_torch", "stepped = w - lr / world_size * summed",
+                                 "stepped = w - lr * summed", "too large"),
+    "torch_default_average": ("05_horovod_torch", "summed = hvd.allreduce(g, op=hvd.Sum)", "summed = hvd.allreduce(g)",
+                              "averages unless told otherwise"),
     "torch_summed": ("05_horovod_torch",
                      "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())",
                      "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), "
@@ -31,6 +40,13 @@ CASES = {
                               "differ from one process's steps"),
     "torch_unnamed": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "allreduce.noname"),
     "tp_without_all_reduce": ("10_model_parallel", "    tdist.all_reduce(partial)", "    pass", "only its partial sum"),
+    "stage2_one_backward": ("08_deepspeed", '{"all_reduces": accumulation_steps * calls, "bytes"',
+                            '{"all_reduces": calls, "bytes"', "every backward reduces"),
+    # The hand pipeline's backward.  Its other wrong answers (no requires_grad on the received tensor, a
+    # backward without the received gradient) leave a rank waiting out its timeout before the check speaks:
+    # tests/workshop/checks/test_lesson_10.py feeds the check their results instead.
+    "pipeline_sends_activations": ("10_model_parallel", "    tdist.send(activations.grad, dst=0)",
+                                   "    tdist.send(activations.detach(), dst=0)", "not `activations`"),
 }
 
 

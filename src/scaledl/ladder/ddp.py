@@ -1,4 +1,4 @@
-"""Rung 5: PyTorch DistributedDataParallel (DDP), one process per device.
+"""PyTorch DistributedDataParallel (DDP), one process per device.
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.ddp --epochs 3      # or mpiexec, srun, ...
 

@@ -1,4 +1,4 @@
-"""Rungs 6 and 7: DeepSpeed, with ZeRO stages 0-3 and CPU offload as flags.
+"""DeepSpeed, with ZeRO stages 0-3 and CPU offload as flags.
 
     deepspeed --num_gpus=2 --module scaledl.ladder.deepspeed --zero-stage 2     # or torchrun, mpiexec, srun
     torchrun --nproc_per_node=2 -m scaledl.ladder.deepspeed --zero-stage 3 --offload-optimizer

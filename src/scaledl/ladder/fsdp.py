@@ -1,4 +1,4 @@
-"""Rung 8: FSDP2, PyTorch's own ZeRO-3 (`fully_shard`), to compare with DeepSpeed's.
+"""FSDP2, PyTorch's own ZeRO-3 (`fully_shard`), to compare with DeepSpeed's.
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.fsdp --epochs 3      # or mpiexec, srun, ...
 

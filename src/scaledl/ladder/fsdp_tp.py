@@ -1,4 +1,4 @@
-"""Rung 11: 2D parallelism: tensor parallelism inside groups of ranks, FSDP2 across them.
+"""2D parallelism: tensor parallelism inside groups of ranks, FSDP2 across them.
 
     torchrun --nproc_per_node=4 -m scaledl.ladder.fsdp_tp --tp 2 --epochs 3 --width 64 --depth 2 --heads 4 --seq-len 32
 

@@ -1,4 +1,4 @@
-"""Rung 3: Horovod with TensorFlow.
+"""Horovod with TensorFlow.
 
     horovodrun -np 2 -H localhost:2 python -m scaledl.ladder.horovod_tf     # or mpirun, mpiexec, srun
     horovodrun -np 2 -H localhost:2 python -m scaledl.ladder.horovod_tf --keras-fit

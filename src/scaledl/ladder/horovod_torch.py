@@ -1,4 +1,4 @@
-"""Rung 4: Horovod with PyTorch.
+"""Horovod with PyTorch.
 
     horovodrun -np 2 -H localhost:2 python -m scaledl.ladder.horovod_torch     # or mpirun, mpiexec, srun
 

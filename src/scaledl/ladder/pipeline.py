@@ -1,4 +1,4 @@
-"""Rung 9: model parallelism, the model split across ranks as a pipeline (`torch.distributed.pipelining`).
+"""Model parallelism, the model split across ranks as a pipeline (`torch.distributed.pipelining`).
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.pipeline --epochs 3 --microbatches 4
 

@@ -1,4 +1,4 @@
-"""Rung 2: one device, TensorFlow/Keras: the baseline the Horovod TensorFlow rung is a diff of.
+"""One device, TensorFlow/Keras: the baseline the Horovod TensorFlow rung is a diff of.
 
     python -m scaledl.ladder.single_tf --epochs 3
 

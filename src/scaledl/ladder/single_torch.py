@@ -1,4 +1,4 @@
-"""Rung 1: one device, PyTorch: the baseline every PyTorch rung is a diff of.
+"""One device, PyTorch: the baseline every PyTorch rung is a diff of.
 
     python -m scaledl.ladder.single_torch --epochs 3
 

@@ -1,4 +1,4 @@
-"""Rung 10: tensor parallelism: every rank holds a slice of each layer (`parallelize_module`).
+"""Tensor parallelism: every rank holds a slice of each layer (`parallelize_module`).
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.tensor_parallel --epochs 3 --width 64 --depth 2 --heads 4 --seq-len 32
 

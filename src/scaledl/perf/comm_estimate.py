@@ -13,8 +13,9 @@
 * `reductions_per_window`, `shortest_per_call`: the all-reduces a DeepSpeed engine made per
   accumulation window, and each call's time over the ranks, from a record of each call.
 
-Lesson 8's exercise on this arithmetic is checked by `scaledl.workshop.checks.lesson_08.check_window_prediction`,
-and the predicted-against-measured figure is `scaledl.workshop.plots.prediction_figure`.
+Lesson 8's exercise on this arithmetic is checked by `scaledl.workshop.checks.lesson_08.check_stage2_window`
+(against the live ranks through `check_window_prediction`), and the predicted-against-measured figure is
+`scaledl.workshop.plots.prediction_figure`.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 its ranks: Open MPI on a laptop, PALS's mpiexec on Polaris and Aurora, srun on Slurm); `checks`
 holds each lesson's exercise checks, one module per lesson; `exercises` generates exercises/ from
 solutions/; `plots`, `async_timeline`, `fsdp_timeline` and `traces` draw the lessons' figures from
-what they measure; `recipes` prints the Polaris and Aurora lines a lesson shows.
+what they measure; `deepspeed_windows` records a DeepSpeed engine's accumulation windows for lesson 8;
+`recipes` prints the Polaris and Aurora lines a lesson shows.
 
 May import: everything below it (the helpers, scaledl.ladder, scaledl.hpc, scaledl.perf); never
 scaledl.cli.

@@ -4,8 +4,8 @@ for the header and the modules, `scaledl launch --system polaris|aurora` for the
 lesson's recipe is the job script's and cannot drift from it.
 
     from scaledl.workshop import recipes
-    print(recipes.polaris("ddp"))                 # the batch job of the DDP rung on 2 nodes
-    print(recipes.polaris("ddp", live_ranks=4))   # and the notebook's live ranks on one node
+    print(recipes.polaris("ddp", full=True))      # the batch job of the DDP rung on 2 nodes, as lesson 0 reads it
+    print(recipes.polaris("ddp", live_ranks=4))   # the short form a later lesson prints, with its live ranks
     print(recipes.aurora("ddp"))                  # the same job on Aurora: 12 ranks a node, one per tile
 """
 from __future__ import annotations
@@ -59,10 +59,50 @@ def launch_lines(nranks: int, ppn: int, target: list[str], system: str = SYSTEM)
     return [export_line(plan, name) for name in plan.env] + [describe(plan).splitlines()[-1]]
 
 
-def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> str:
+def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> str:
+    """What a lesson after lesson 0 prints: the interactive job for its live ranks, the job script
+    to submit, its node request, its modules where they are not lesson 0's, and its launch line.
+    Lesson 0 reads a whole script line by line (`full=True`)."""
+    the_job = job(rung, system)
+    nranks = the_job.nodes * the_job.ppn
+    submit = "qsub" if system in ("polaris", "aurora") else "sbatch"
+    lines = []
+    if live_ranks:
+        lines += [f"# This notebook's live ranks: an interactive job on one node; in it, engines.start(WORLD_SIZE) "
+                  f"starts {live_ranks} (lesson 0)", _interactive(rung, system)]
+    select = next(line for line in header(rung, system) if line.startswith("#PBS -l select="))
+    walk = ("lesson 0's *Batch jobs on Polaris* reads such a script line by line" if system == "polaris" else
+            "lesson 0 reads a Polaris script line by line; this one differs in its modules and launch")
+    lines += [f"# The rung's job: {submit} jobs/{system}/{the_job.name}.sh ({walk}). It asks for", select]
+    if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
+        lines += ["# and loads", module_lines(rung, system)[-1], venv_line(rung, system)]
+    lines += [f"# and, with {'ALCF' if system != 'slurm' else 'the site'}'s communication variables (`scaledl launch "
+              "--dry-run` lists them), runs:", launch_lines(nranks, the_job.ppn, [*the_job.target, *flags], system)[-1]]
+    return "\n".join(lines)
+
+
+def _own_modules(rung: str, system: str) -> bool:
+    """Whether the rung's job loads other modules or another venv than lesson 0's."""
+    default = "; ".join(line.strip() for line in jobs.SETUP[system].splitlines()
+                        if line.startswith(("    module ", "    conda ")))
+    return module_lines(rung, system)[-1] != default or ".venv-tf" in jobs.RUNG_SETUP.get((system, rung), "")
+
+
+def _interactive(rung: str, system: str) -> str:
+    directives = dict(line.split(" ", 2)[1:] for line in header(rung, system) if not line.startswith("#PBS -l "))
+    limits = [line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -l ")]
+    select = next(limit for limit in limits if limit.startswith("select="))
+    one_node = "select=1" + select[len(select.split(":")[0]):]
+    filesystems = next(limit for limit in limits if limit.startswith("filesystems="))
+    return f"qsub -I -A {directives['-A']} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}"
+
+
+def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, full: bool = True) -> str:
     """The recipe for `rung` (with the rung's `flags`) as lines to read and copy; with
     `live_ranks`, first the interactive job and the engines' launch that runs a notebook's
-    `%%px` cells on one node."""
+    `%%px` cells on one node.  `full=False`: the short form, `brief`."""
+    if not full:
+        return brief(rung, *flags, live_ranks=live_ranks, system=system)
     the_job = job(rung, system)
     nranks = the_job.nodes * the_job.ppn
     target = [*the_job.target, *flags]
@@ -92,14 +132,15 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) ->
     return "\n".join(lines)
 
 
-def polaris(rung: str, *flags: str, live_ranks: int = 0) -> str:
-    """The recipe on Polaris: 4 ranks a node, one per A100, NCCL between them."""
-    return recipe(rung, *flags, live_ranks=live_ranks, system="polaris")
+def polaris(rung: str, *flags: str, live_ranks: int = 0, full: bool = False) -> str:
+    """The recipe on Polaris: 4 ranks a node, one per A100, NCCL between them; the short form
+    unless `full` (the whole job script's lines that matter, as lesson 0 reads them)."""
+    return recipe(rung, *flags, live_ranks=live_ranks, system="polaris", full=full)
 
 
-def aurora(rung: str, *flags: str, live_ranks: int = 0) -> str:
+def aurora(rung: str, *flags: str, live_ranks: int = 0, full: bool = False) -> str:
     """The same recipe on Aurora: 12 ranks a node, one per GPU tile, oneCCL (torch's `xccl`) between them."""
-    return recipe(rung, *flags, live_ranks=live_ranks, system="aurora")
+    return recipe(rung, *flags, live_ranks=live_ranks, system="aurora", full=full)
 
 
 RECORDED_NODES = Path(__file__).resolve().parents[3] / "tests" / "data" / "sysfs"  # in a clone of the repository

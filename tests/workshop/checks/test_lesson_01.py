@@ -1,4 +1,4 @@
-"""Lesson 1's checks (memory, days, which parallelism): each passes the solution, FAILs on what an untouched
+"""Lesson 1's checks (memory, nodes, which parallelism): each passes the solution, FAILs on what an untouched
 exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
 
 import numpy as np
@@ -13,41 +13,51 @@ N = 7_000_000_000
 
 
 def test_training_memory(capsys):
-    assert checks.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 8 * N}, N)
+    # Mixed precision as the ZeRO paper counts it: 16-bit parameters and gradients, fp32 master copy + Adam.
+    assert checks.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 12 * N}, N)
     assert "PASS: 112 GB" in verdict(capsys)
     fails(capsys, checks.check_training_memory(None, N), "`memory` is not set")
-    fails(capsys, checks.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 4 * N}, N),
-          "Adam keeps two")  # momentum only
-    fails(capsys, checks.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 0}, N),
-          "Adam's states are memory too")
+    fails(capsys, checks.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 8 * N}, N),
+          "parameters", "fp32")  # the fp32 table above the exercise, copied
+    fails(capsys, checks.check_training_memory({"params": 2 * N, "grads": 4 * N, "optimizer": 12 * N}, N),
+          "gradients", "fp32")
     fails(capsys, checks.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 8 * N}, N),
-          "fp32, 4")  # fp16 sizes for an fp32 model
-    fails(capsys, checks.check_training_memory({"params": 32 * N, "grads": 32 * N, "optimizer": 64 * N}, N),
+          "master copy")  # Adam's two states without the fp32 weights
+    fails(capsys, checks.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 6 * N}, N),
+          "in fp32")  # three 16-bit numbers
+    fails(capsys, checks.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 4 * N}, N),
+          "it keeps three")
+    fails(capsys, checks.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 0}, N),
+          "states are memory too")
+    fails(capsys, checks.check_training_memory({"params": 16 * N, "grads": 16 * N, "optimizer": 96 * N}, N),
           "in bits")
-    fails(capsys, checks.check_training_memory({"params": 28, "grads": 28, "optimizer": 56}, N), "looks like GB")
-    fails(capsys, checks.check_training_memory({"params": 4 * N, "gradients": 4 * N}, N), "no 'grads'")
-    fails(capsys, checks.check_training_memory({"params": 4 * N, "grads": 4 * N, "optimizer": 12 * N}, N),
-          "mixed precision's count")  # the ZeRO paper's 12 bytes, which include an fp32 master copy
+    fails(capsys, checks.check_training_memory({"params": 14, "grads": 14, "optimizer": 84}, N), "looks like GB")
+    fails(capsys, checks.check_training_memory({"params": 2 * N, "gradients": 2 * N}, N), "no 'grads'")
+    fails(capsys, checks.check_training_memory({"params": 2 * N, "grads": 2 * N, "optimizer": 10 * N}, N),
+          "three fp32 numbers")
     # Unusual but right: NumPy integers, floats, and an extra key for the activations.
-    assert checks.check_training_memory({"params": 4.0 * N, "grads": np.int64(4) * N, "optimizer": float(8 * N),
+    assert checks.check_training_memory({"params": 2.0 * N, "grads": np.int64(2) * N, "optimizer": float(12 * N),
                                          "activations": 0}, N)
     verdict(capsys)
 
 
-def test_training_days(capsys):
-    args = (7e9, 2e12, 312e12, 0.4, 1)
-    right = 6 * 7e9 * 2e12 / (312e12 * 0.4) / 86400
-    assert checks.check_training_days(right, *args)
+def test_training_nodes(capsys):
+    args = (7e9, 2e12, 312e12, 0.4, 30)  # 7,790 GPU-days: 259.7 A100s for 30 days, 64.9 nodes of 4
+    assert checks.check_training_nodes(65, *args)
+    assert verdict(capsys) == "PASS: 65 nodes (260 GPUs) train in 30.0 days; 64 would take 30.4"
+    fails(capsys, checks.check_training_nodes(None, *args), "`nodes` is not set")
+    fails(capsys, checks.check_training_nodes(64, *args), "30.4 days", "round up")  # int() or round()
+    fails(capsys, checks.check_training_nodes(6 * 7e9 * 2e12 / (312e12 * 0.4 * 4) / 86400 / 30, *args),
+          "whole nodes")  # not rounded
+    fails(capsys, checks.check_training_nodes(260, *args), "counts GPUs")
+    fails(capsys, checks.check_training_nodes(22, *args), "forward pass only")  # 2 N T
+    fails(capsys, checks.check_training_nodes(26, *args), "run at their peak")  # no utilization
+    fails(capsys, checks.check_training_nodes(5, *args), "expected 65")  # 121.7 days on 64 GPUs over 30 days
+    fails(capsys, checks.check_training_nodes([65], *args), "give a number")
+    # Unusual but right: a NumPy integer, a float that is whole, through GPUs rounded up first.
+    assert checks.check_training_nodes(np.int64(65), *args)
     verdict(capsys)
-    fails(capsys, checks.check_training_days(None, *args), "`days` is not set")
-    fails(capsys, checks.check_training_days(right / 3, *args), "forward pass only")  # 2 N T
-    fails(capsys, checks.check_training_days(right * 0.4, *args), "run at their peak")  # no utilization
-    fails(capsys, checks.check_training_days(right * 86400, *args), "in seconds")
-    fails(capsys, checks.check_training_days(right * 24, *args), "in hours")
-    on_64 = (7e9, 2e12, 312e12, 0.4, 64)
-    fails(capsys, checks.check_training_days(right, *on_64), "one GPU's time")
-    # Unusual but right: on 64 GPUs, in float32, through hours.
-    assert checks.check_training_days(np.float32(6 * 7e9 * 2e12 / (64 * 312e12 * 0.4) / 3600 / 24), *on_64)
+    assert checks.check_training_nodes(float(-(-260 // 4)), *args)
     verdict(capsys)
 
 
@@ -85,7 +95,7 @@ def test_parallelism_choice_check(capsys):
     fails(capsys, checks.check_parallelism_choice(choose_with(divide_states=False)), "you said model",
           "sharded over 8 ranks")
     fails(capsys, checks.check_parallelism_choice(choose_with(divide_activations=True)), "you said sharded",
-          "still keeps its own 15 GB of activations: together they are over 40 GB")
+          "still keeps its own 15 GB of activations: together they are over 40 GB", "sharding alone is not enough")
     fails(capsys, checks.check_parallelism_choice(choose_with(shard_first=True)), "you said sharded",
           "plain data parallelism is enough")
     fails(capsys, checks.check_parallelism_choice(lambda *args: "pipeline"), "return \"data\"")

@@ -1,5 +1,5 @@
-"""Lesson 2's checks (the stopwatch): each passes the solution, FAILs on what an untouched exercise leaves, and
-FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
+"""Lesson 2's checks (the stopwatch, a step from its FLOPs): each passes the solution, FAILs on what an untouched
+exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
 import math
 
 import pytest
@@ -218,3 +218,40 @@ def test_stopwatch_cases_tell_the_slips_from_the_right_reading():
                   steady_pace, synchronized_always):
         assert any(not math.isclose(wrong(*case), stopwatch_reads(*case), rel_tol=1e-6)
                    for case in lesson_02._STOPWATCH_CASES), wrong.__name__
+
+
+def predict_step_s(flops, batch_size, new_batch_size, throughput):
+    """The lesson's solution: the FLOPs grow with the batch; the time at the matmul's rate with them."""
+    return flops * new_batch_size / batch_size / throughput
+
+
+def test_step_prediction(capsys):
+    assert checks.check_step_prediction(predict_step_s)
+    assert verdict(capsys).startswith("PASS: all 3 cases")
+    # Unusual but right: per sample first, in milliseconds converted back, NumPy numbers.
+    import numpy as np
+
+    def per_sample(flops, batch_size, new_batch_size, throughput):
+        per_sample_ms = np.float64(flops) / batch_size / throughput * 1e3
+        return per_sample_ms * np.int64(new_batch_size) / 1e3
+    assert checks.check_step_prediction(per_sample)
+    verdict(capsys)
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f / t), "grow with the batch")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * b / n / t), "not against it")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * n / t), "not one sample's")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: 3 * f * n / b / t), "already counts forward")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * n / b / t * 1e3), "milliseconds")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: n / (f * n / b / t)), "samples per second")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * n / b * t), "divide the FLOPs by it")
+    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: None), "returned None")
+    fails(capsys, checks.check_step_prediction(untouched), "NotImplementedError")
+    fails(capsys, checks.check_step_prediction(None), "`predict_step_s` is not set")
+
+
+def test_step_cases_tell_the_slips_apart():
+    """In every case the right answer is none of the slips' values, so the check can name each slip."""
+    for flops, batch, new, throughput in lesson_02._STEP_CASES:
+        want = flops * new / batch / throughput
+        for wrong in (flops / throughput, flops * batch / new / throughput, flops * new / throughput, 3 * want,
+                      want * 1e3, new / want):
+            assert not math.isclose(wrong, want, rel_tol=1e-3)

@@ -12,16 +12,20 @@ from scaledl.workshop import checks
 # ---------------------------------------------------------------- lesson 3
 
 def test_all_reduce_check(capsys):
-    assert checks.check_all_reduce([3.0, 3.0], 2)
-    verdict(capsys)
-    assert checks.check_all_reduce([10, np.float32(10), 10.0, 10], 4)  # 4 ranks, any number type
+    # Each rank holds rank + 1; the exercise leaves the average, (world_size + 1) / 2, on every rank.
+    assert checks.check_all_reduce([1.5, 1.5], 2)
+    assert verdict(capsys) == "PASS: every rank holds 1.5, the average over all ranks"
+    assert checks.check_all_reduce([2.5, np.float32(2.5), 2.5, 2.5], 4)  # 4 ranks, any number type
     verdict(capsys)
     fails(capsys, checks.check_all_reduce([1.0, 2.0], 2), "it still holds its own value")  # untouched
-    fails(capsys, checks.check_all_reduce([2.0, 2.0], 2), "the largest value")  # ReduceOp.MAX
-    fails(capsys, checks.check_all_reduce([4.0] * 4, 4), "the largest value")
-    fails(capsys, checks.check_all_reduce([1.5, 1.5], 2), "that is the average")  # divided by world size
-    fails(capsys, checks.check_all_reduce([3.0, 2.0], 2), "only rank 0 holds the sum")  # tdist.reduce(x, dst=0)
-    fails(capsys, checks.check_all_reduce([24.0] * 4, 4), "rank 0 holds 24")  # ReduceOp.PRODUCT
+    fails(capsys, checks.check_all_reduce([3.0, 3.0], 2), "that is the sum")  # not divided
+    fails(capsys, checks.check_all_reduce([10.0] * 4, 4), "that is the sum")
+    fails(capsys, checks.check_all_reduce([1.5, 1.0], 2), "only rank 0 holds the average")  # tdist.reduce(x, dst=0)
+    fails(capsys, checks.check_all_reduce([3.0, 2.0], 2), "only rank 0 holds the sum")  # reduce, not divided
+    fails(capsys, checks.check_all_reduce([0.5, 1.0], 2), "took part in no sum")  # divided, no collective
+    fails(capsys, checks.check_all_reduce([0.75, 0.75], 2), "divide once")  # divided before and after the sum
+    fails(capsys, checks.check_all_reduce([4.0] * 4, 4), "the largest value")  # ReduceOp.MAX
+    fails(capsys, checks.check_all_reduce([6.0] * 4, 4), "rank 0 holds 6")  # ReduceOp.PRODUCT, then divided
     fails(capsys, checks.check_all_reduce([1.0], 1), "start 2 or more")  # one rank proves nothing
 
 
@@ -41,6 +45,7 @@ def test_ring_prediction_check(capsys):
           "counts p-1 messages")
     fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) / p * n / b), "latency term is missing")
     fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * p * a + 2 * n / b), "not p")
+    fails(capsys, checks.check_ring_prediction(lambda n, p, a, b: 2 * (p - 1) * (a + n / b)), "not the whole buffer")
     # Unusual but right: NumPy, the two halves written out, and a learner's own names.
     def halves(nbytes, world_size, alpha, beta):
         step = alpha + nbytes / world_size / beta
@@ -56,20 +61,37 @@ def sampler_shard(use_local_rank=False, replicas=None):
     return shard
 
 
+def padded_by_hand(num_samples, rank, local_rank, world_size):
+    """The lesson's solution: pad with the first samples, then deal them out by global rank."""
+    per_rank = -(-num_samples // world_size)
+    indices = list(range(num_samples))
+    indices += indices[:per_rank * world_size - num_samples]
+    return indices[rank::world_size]
+
+
 def test_sharding_check_simulates_two_nodes(capsys):
-    # 20 samples on 2 nodes x 3 ranks: 6 does not divide 20, so DistributedSampler pads 4 repeats.
-    assert checks.check_sharding(sampler_shard())
-    assert "on 2 nodes x 3 ranks, 20 samples: every sample goes to one rank, 4 also" in verdict(capsys)
-    assert checks.check_sharding(sampler_shard(), 16, nodes=2, ranks_per_node=2)
+    # 20 samples on 2 nodes x 3 ranks: 6 does not divide 20, so padding repeats 4 samples.
+    assert checks.check_sharding(padded_by_hand)
+    assert verdict(capsys) == ("PASS: on 2 nodes x 3 ranks, 20 samples: every sample goes to one rank, 4 also to a "
+                               "second so that every rank gets 4 (padding, as DistributedSampler does)")
+    assert checks.check_sharding(padded_by_hand, 16, nodes=2, ranks_per_node=2)
     assert "each sample goes to exactly one rank" in verdict(capsys)
-    # Unusual but right: a stride by hand (ranks get 3 or 4), drop_last, contiguous blocks.
-    assert checks.check_sharding(lambda n, r, lr, w: list(range(r, n, w)))
-    assert "ranks get 3 to 4" in verdict(capsys)
+    for n in (20, 16, 7):  # the lesson's shards are DistributedSampler's, without shuffling
+        for rank in range(6):
+            assert padded_by_hand(n, rank, rank % 3, 6) == list(DistributedSampler(range(n), 6, rank, shuffle=False))
+    # Unusual but right: DistributedSampler itself, drop_last, contiguous blocks padded to equal shares.
+    assert checks.check_sharding(sampler_shard())
+    verdict(capsys)
     assert checks.check_sharding(lambda n, r, lr, w: list(DistributedSampler(range(n), w, r, shuffle=False,
                                                                              drop_last=True)))
     assert "2 are left out of the epoch" in verdict(capsys)
-    assert checks.check_sharding(lambda n, r, lr, w: np.array_split(np.arange(n), w)[r])
+    assert checks.check_sharding(lambda n, r, lr, w: np.resize(np.arange(n), -(-n // w) * w)[r * -(-n // w):
+                                                                                                (r + 1) * -(-n // w)])
     verdict(capsys)
+    # Uneven shares: a stride without padding (3 or 4 samples a rank), contiguous blocks of 3 or 4.
+    fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r, n, w))), "rank 0 gets 4 samples, rank 2 3",
+          "wait alone in its all-reduce")
+    fails(capsys, checks.check_sharding(lambda n, r, lr, w: np.array_split(np.arange(n), w)[r]), "as many")
     # By local rank: on one node it looks right, on two nodes ranks 0 and 3 train on the same samples.
     assert checks.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=1, ranks_per_node=2)
     verdict(capsys)
@@ -79,6 +101,9 @@ def test_sharding_check_simulates_two_nodes(capsys):
     fails(capsys, checks.check_sharding(sampler_shard(use_local_rank=True, replicas=3)), "sharded by local rank")
     # One node's worth of shards, taken by global rank: the sampler refuses rank 3 of 3.
     fails(capsys, checks.check_sharding(sampler_shard(replicas=3)), "rank=3", "raised ValueError")
+    # Padded by a whole world_size: 6 repeats where 4 would do.
+    fails(capsys, checks.check_sharding(lambda n, r, lr, w: (list(range(n)) + list(range(w)))[r::w]),
+          "both get sample")
     fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r, n // 2, w))), "never seen", "world_size")
     fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r + 1, n, w))), "never seen (first: 0)")
     fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r, n + 1, w))), "index 20 is not a sample")

@@ -2,7 +2,7 @@
 exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
 
 
-from conftest import fails, verdict
+from conftest import fails, untouched, verdict
 from scaledl.workshop import checks
 
 
@@ -18,6 +18,32 @@ def test_in_sync_check_names_the_framework_fix(capsys):
     assert not checks.check_in_sync(None)
 
 
+def test_rank_device_check(capsys):
+    import torch
+
+    def right(local_rank, visible_gpus):
+        return torch.device("cuda", local_rank % visible_gpus) if visible_gpus else torch.device("cpu")
+
+    assert checks.check_rank_device(right)
+    assert "cuda:0" in verdict(capsys)
+    # Unusual but right: strings, and the wrapper's case written out.
+    assert checks.check_rank_device(lambda lr, n: "cpu" if n == 0 else "cuda:0" if n == 1 else f"cuda:{lr}")
+    verdict(capsys)
+    # The local rank, whatever the process sees: wrong under the Polaris wrapper.
+    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", lr) if n else torch.device("cpu")),
+          "wrapper", "cuda:3 does not exist")
+    # Always cuda:0: right under the wrapper, wrong where every rank sees all 4.
+    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", 0) if n else torch.device("cpu")),
+          "all 4 GPUs", "cuda:2")
+    # A GPU where there is none.
+    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", lr % max(n, 1))), "sees no GPU")
+    # A bare "cuda", an int, an error, the untouched exercise.
+    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda") if n else torch.device("cpu")),
+          "index")
+    fails(capsys, checks.check_rank_device(lambda lr, n: lr % n if n else "cpu"), "return a torch.device")
+    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", lr // (n - 1))), "ZeroDivisionError")
+    fails(capsys, checks.check_rank_device(untouched), "NotImplementedError")
+    fails(capsys, checks.check_rank_device(None), "not set")
 
 
 def accumulation_report(max_error=1e-8, all_reduces=1, buckets=1, unscaled=0.03, over_ranks=0.01):

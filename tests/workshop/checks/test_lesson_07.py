@@ -1,4 +1,4 @@
-"""Lesson 7's checks (efficiency, warm-up, exposed communication): each passes the solution, FAILs on what an
+"""Lesson 7's checks (efficiency, warm-up, predicted efficiency): each passes the solution, FAILs on what an
 untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one
 line."""
 import math
@@ -85,41 +85,58 @@ def test_warmup_check(capsys):
 
 
 
+def test_predicted_efficiency_check(capsys):
+    def solution(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        comm = ring(grad_bytes, ranks, alpha, bandwidth)
+        compute = step_s / ranks if strong else step_s
+        return compute / (compute + comm)
 
-def test_exposed_communication_check(capsys):
-    def solution(buckets, ranks, alpha, bandwidth, backward):
-        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
-        return max(each[-1], sum(each) - backward) if each else 0.0
+    def from_samples(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):  # unusual, right: throughputs
+        comm = ring(grad_bytes, ranks, alpha, bandwidth)
+        one = 1 / step_s  # batches a second on one rank
+        many = 1 / (step_s / ranks + comm) if strong else ranks / (step_s + comm)
+        return np.float64(many / (ranks * one))
 
-    def timeline(buckets, ranks, alpha, bandwidth, backward):  # unusual, right: when the last one ends
-        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
-        last_starts = max(backward, sum(each[:-1]))  # after backward, and after the buckets before it
-        return last_starts + each[-1] - backward
+    def speed_up(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        return ranks * solution(step_s, grad_bytes, ranks, alpha, bandwidth, strong)
 
-    def no_overlap(buckets, ranks, alpha, bandwidth, backward):
-        return sum(ring(b, ranks, alpha, bandwidth) for b in buckets)
+    def upside_down(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        return 1 / solution(step_s, grad_bytes, ranks, alpha, bandwidth, strong)
 
-    def last_only(buckets, ranks, alpha, bandwidth, backward):
-        return ring(buckets[-1], ranks, alpha, bandwidth)
+    def hidden(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        return 1.0
 
-    def no_floor(buckets, ranks, alpha, bandwidth, backward):
-        return max(0.0, sum(ring(b, ranks, alpha, bandwidth) for b in buckets) - backward)
+    def one_minus(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        compute = step_s / ranks if strong else step_s
+        return 1 - ring(grad_bytes, ranks, alpha, bandwidth) / compute
 
-    def first_as_last(buckets, ranks, alpha, bandwidth, backward):
-        each = [ring(b, ranks, alpha, bandwidth) for b in buckets]
-        return max(each[0], sum(each) - backward)
+    def strong_as_weak(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        return solution(step_s, grad_bytes, ranks, alpha, bandwidth)
 
-    def half_ring(buckets, ranks, alpha, bandwidth, backward):
-        each = [(ranks - 1) * alpha + (ranks - 1) / ranks * b / bandwidth for b in buckets]
-        return max(each[-1], sum(each) - backward)
+    def strong_comm_shared_too(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        share = ranks if strong else 1
+        comm = ring(grad_bytes, ranks, alpha, bandwidth) / share
+        return (step_s / share) / (step_s / share + comm)
 
-    assert checks.check_exposed(solution)
+    def one_way_ring(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        compute = step_s / ranks if strong else step_s
+        return compute / (compute + (ranks - 1) * alpha + (ranks - 1) / ranks * grad_bytes / bandwidth)
+
+    def all_bytes_twice(step_s, grad_bytes, ranks, alpha, bandwidth, strong=False):
+        compute = step_s / ranks if strong else step_s
+        return compute / (compute + 2 * (ranks - 1) * alpha + 2 * grad_bytes / bandwidth)
+
+    assert checks.check_predicted_efficiency(solution)
     verdict(capsys)
-    assert checks.check_exposed(timeline)
+    assert checks.check_predicted_efficiency(from_samples)
     verdict(capsys)
-    fails(capsys, checks.check_exposed(no_overlap), "every bucket's time")
-    fails(capsys, checks.check_exposed(last_only), "only the last bucket")
-    fails(capsys, checks.check_exposed(no_floor), "starts only when backward ends")
-    fails(capsys, checks.check_exposed(first_as_last), "launch order")
-    fails(capsys, checks.check_exposed(half_ring), "2(N-1) alpha")
-    fails(capsys, checks.check_exposed(untouched), "NotImplementedError")
+    fails(capsys, checks.check_predicted_efficiency(speed_up), "speed-up")
+    fails(capsys, checks.check_predicted_efficiency(upside_down), "upside down")
+    fails(capsys, checks.check_predicted_efficiency(hidden), "nothing hides")
+    fails(capsys, checks.check_predicted_efficiency(one_minus), "not 1 minus")
+    fails(capsys, checks.check_predicted_efficiency(strong_as_weak), "strong scaling", "compute shrinks")
+    fails(capsys, checks.check_predicted_efficiency(strong_comm_shared_too), "strong scaling", "does not")
+    fails(capsys, checks.check_predicted_efficiency(one_way_ring), "goes round twice")
+    fails(capsys, checks.check_predicted_efficiency(all_bytes_twice), "2(N-1)/N of the bytes")
+    fails(capsys, checks.check_predicted_efficiency(untouched), "NotImplementedError")
+    fails(capsys, checks.check_predicted_efficiency(None), "not set")

@@ -5,7 +5,7 @@ line."""
 import numpy as np
 import pytest
 
-from conftest import fails, verdict
+from conftest import fails, untouched, verdict
 from scaledl.workshop import checks
 
 
@@ -115,3 +115,67 @@ def test_accumulation_plan_check(capsys):
         return [np.int64(micro_steps if zero_stage > 1 else steps), np.int64(steps)]
     assert checks.check_accumulation_plan(counted)
     verdict(capsys)
+
+
+CNN = [6_000, 400, 200_000, 500, 1_000, 10]  # gradient sizes far under one bucket, as this lesson's CNN
+MEASURED = {"all_reduces": 3, "bytes": 3 * 4 * sum(CNN), "ms": 1.0}  # a window of 3 at stage 2, from the ranks
+
+
+def test_stage2_window_check(capsys):
+    def right(numels, accumulation_steps, reduce_bucket_size=500_000_000):
+        calls, filled = 0, 0
+        for n in numels:
+            if filled + n > reduce_bucket_size:
+                calls, filled = calls + 1, 0
+            filled += n
+        return {"all_reduces": accumulation_steps * (calls + (filled > 0)),
+                "bytes": accumulation_steps * 4 * sum(numels)}
+
+    def with_rule(rule, times=lambda a: a, nbytes=lambda numels, a: a * 4 * sum(numels)):
+        def window(numels, accumulation_steps, reduce_bucket_size=500_000_000):
+            return {"all_reduces": times(accumulation_steps) * rule(numels, reduce_bucket_size),
+                    "bytes": nbytes(numels, accumulation_steps)}
+        return window
+
+    def greedy(numels, bucket, full=lambda filled, n, bucket: filled + n > bucket, last=1):
+        calls, filled = 0, 0
+        for n in numels:
+            if filled and full(filled, n, bucket):
+                calls, filled = calls + 1, 0
+            filled += n
+        return calls + (last if filled else 0)
+
+    assert checks.check_stage2_window(right)
+    assert "all 4 cases" in verdict(capsys)
+    assert checks.check_stage2_window(right, MEASURED, CNN, world_size=2, accumulation_steps=3)
+    assert "as the ranks measured" in verdict(capsys)
+    # Unusual but right: numpy numbers, the rule written with the bucket's room left.
+    assert checks.check_stage2_window(with_rule(lambda numels, bucket: np.int64(greedy(
+        numels, bucket, full=lambda filled, n, bucket: n > bucket - filled)), nbytes=lambda numels, a: np.int64(
+        a * 4 * sum(numels))))
+    verdict(capsys)
+    # Stage 0's count: one call per window.
+    fails(capsys, checks.check_stage2_window(with_rule(lambda numels, bucket: 1, times=lambda a: 1)), "stages 0 and 1")
+    # One call per backward, whatever the bucket.
+    fails(capsys, checks.check_stage2_window(with_rule(lambda numels, bucket: 1)), "fills several buckets")
+    # The buckets counted as if full: the total over the bucket size, rounded up.
+    fails(capsys, checks.check_stage2_window(with_rule(lambda numels, bucket: -(-sum(numels) // bucket))),
+          "buckets are not full")
+    fails(capsys, checks.check_stage2_window(with_rule(lambda numels, bucket: len(numels))), "not per gradient")
+    # A bucket sent once it is full (>=), and no send at the end of backward.
+    fails(capsys, checks.check_stage2_window(with_rule(lambda numels, bucket: greedy(
+        numels, bucket, full=lambda filled, n, bucket: filled + n >= bucket))), "fills the bucket exactly")
+    fails(capsys, checks.check_stage2_window(with_rule(lambda numels, bucket: greedy(numels, bucket, last=0))),
+          "end of a backward")
+    # One backward's calls, and one backward's bytes.
+    fails(capsys, checks.check_stage2_window(with_rule(greedy, times=lambda a: 1)), "stages 0 and 1")
+    fails(capsys, checks.check_stage2_window(with_rule(greedy, nbytes=lambda numels, a: 4 * sum(numels))),
+          "one backward's bytes")
+    fails(capsys, checks.check_stage2_window(with_rule(greedy, nbytes=lambda numels, a: a * sum(numels))),
+          "4 bytes")
+    fails(capsys, checks.check_stage2_window(lambda numels, a, bucket=5e8: (a, a * 4 * sum(numels))), "two keys")
+    # Right on the cases, wrong against the ranks (a measurement that is not this model's window).
+    fails(capsys, checks.check_stage2_window(right, {**MEASURED, "bytes": 1}, CNN), "on this model")
+    fails(capsys, checks.check_stage2_window(right, None, CNN), "no measurement")
+    fails(capsys, checks.check_stage2_window(untouched), "NotImplementedError")
+    fails(capsys, checks.check_stage2_window(None), "not set")

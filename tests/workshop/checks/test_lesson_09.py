@@ -51,9 +51,9 @@ def test_zero_formula_check(capsys):
     fails(capsys, checks.check_zero_formula(None), "not set")
 
 
-def engine_solution(num_params, world_size, stage):
+def engine_solution(num_params, world_size, stage):  # after backward, before the step
     share = lambda partitioned: num_params / world_size if partitioned else num_params  # noqa: E731
-    return {"params": 4 * share(stage >= 3), "grads": 4 * share(stage >= 2),
+    return {"params": 4 * share(stage >= 3), "grads": 4 * share(stage >= 1),
             "optimizer": (4 if stage == 0 else 8) * share(stage >= 1)}
 
 
@@ -62,7 +62,7 @@ def test_engine_bytes_check(capsys):
         return lambda n, w, s: {**engine_solution(n, w, s), **({key: value(n, w, s)} if s >= 1 else {})}
 
     assert checks.check_engine_bytes(engine_solution)
-    verdict(capsys)
+    assert "after backward" in verdict(capsys)
     # Unusual but right: whole bytes per partition, rounded up as DeepSpeed pads, NumPy integers, a total.
     def padded(num_params, world_size, stage):
         parts = {key: np.int64(math.ceil(value))
@@ -70,6 +70,12 @@ def test_engine_bytes_check(capsys):
         return {**parts, "total": sum(parts.values())}
     assert checks.check_engine_bytes(padded, world_size=2)
     verdict(capsys)
+    # The paper's count, every full gradient at stage 1: the peak during backward, not what is left after it.
+    def paper_stages(n, w, s):
+        share = lambda partitioned: n / w if partitioned else n  # noqa: E731
+        return {"params": 4 * share(s >= 3), "grads": 4 * share(s >= 2),
+                "optimizer": (4 if s == 0 else 8) * share(s >= 1)}
+    fails(capsys, checks.check_engine_bytes(paper_stages), "stage 1", "after backward", "kept only this rank's part")
     # The paper's mixed-precision Adam, copied from exercise 1.
     fails(capsys, checks.check_engine_bytes(zero_solution), "stage 0", "fp32, 4 bytes")
     # Momentum only, no master copy: stage 1 would then save bytes on 2 ranks.
@@ -85,13 +91,17 @@ def test_engine_bytes_check(capsys):
     fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s),
                                                              "optimizer": 12 * n / (w if s else 1)}),
           "stage 0", "Adam's")
-    # Stage 2 left the gradients whole.
-    fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "grads": 4 * n}),
-          "stage 2: gradients are partitioned from stage 2")
-    # Stage 1 partitioned the gradients too (stage off by one).
+    # Stage 2 left the gradients whole (stage 1 right).
+    fails(capsys, checks.check_engine_bytes(changed("grads", lambda n, w, s: 4 * n if s == 2 else 4 * n / w)),
+          "stage 2: after backward the gradients are partitioned from stage 1 on")
+    # Stage 0 partitioned the gradients too.
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "grads": 4 * n / w}),
+          "stage 0: every rank still holds all the gradients")
+    # The parameters partitioned from stage 2 (stage off by one).
     fails(capsys, checks.check_engine_bytes(lambda n, w, s: engine_solution(n, w, min(s + 1, 3) if s else 0)),
-          "stage 1: every rank still holds all the gradients")
+          "stage 2: every rank still holds all the parameters")
     fails(capsys, checks.check_engine_bytes(lambda n, w, s: sum(engine_solution(n, w, s).values())), "return a dict")
+    fails(capsys, checks.check_engine_bytes(untouched), "NotImplementedError")
     fails(capsys, checks.check_engine_bytes(None), "not set")
 
 

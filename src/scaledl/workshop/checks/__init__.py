@@ -9,25 +9,30 @@ May import: the helpers (scaledl.*), scaledl.hpc, scaledl.perf and the rest of s
 """
 from scaledl.workshop.checks.common import from_ranks, gather
 from scaledl.workshop.checks.lesson_00 import check_binding_launch, check_binding_prediction, check_binding_verdicts
-from scaledl.workshop.checks.lesson_01 import check_parallelism_choice, check_training_days, check_training_memory
-from scaledl.workshop.checks.lesson_02 import SimulatedDevice, check_samples_per_s, check_stopwatch_prediction
+from scaledl.workshop.checks.lesson_01 import check_parallelism_choice, check_training_memory, check_training_nodes
+from scaledl.workshop.checks.lesson_02 import (SimulatedDevice, check_samples_per_s, check_step_prediction,
+                                               check_stopwatch_prediction)
 from scaledl.workshop.checks.lesson_03 import check_all_reduce, check_ring_prediction, check_sharding, ring_allreduce_s
 from scaledl.workshop.checks.lesson_04 import check_fusion, check_horovod_sync, horovod_fuse
-from scaledl.workshop.checks.lesson_05 import check_horovod_allreduce
-from scaledl.workshop.checks.lesson_06 import check_accumulation, check_ddp_buckets, check_in_sync
-from scaledl.workshop.checks.lesson_07 import check_efficiency, check_exposed, check_warmup
+from scaledl.workshop.checks.lesson_05 import check_summed_step
+from scaledl.workshop.checks.lesson_06 import (check_accumulation, check_ddp_buckets, check_in_sync,
+                                               check_rank_device)
+from scaledl.workshop.checks.lesson_07 import check_efficiency, check_predicted_efficiency, check_warmup
 from scaledl.workshop.checks.lesson_08 import (accumulation_plan, check_accumulation_plan, check_deepspeed_config,
-                                               check_window_prediction, deepspeed_batch)
+                                               check_stage2_window, check_window_prediction, deepspeed_batch)
 from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_reshard, check_zero_formula
-from scaledl.workshop.checks.lesson_10 import check_pipeline, check_tensor_parallel_mlp
+from scaledl.workshop.checks.lesson_10 import (check_bubble, check_pipeline, check_pipeline_backward,
+                                               check_tensor_parallel_mlp)
 
 __all__ = [
     "accumulation_plan", "check_accumulation", "check_accumulation_plan", "check_all_reduce", "check_binding_launch",
-    "check_binding_prediction", "check_binding_verdicts", "check_ddp_buckets", "check_deepspeed_config",
-    "check_efficiency", "check_engine_bytes", "check_exposed", "check_fsdp_reshard", "check_fusion",
-    "check_horovod_allreduce", "check_horovod_sync", "check_in_sync", "check_parallelism_choice", "check_pipeline",
-    "check_ring_prediction", "check_samples_per_s", "check_sharding", "check_stopwatch_prediction",
-    "check_tensor_parallel_mlp", "check_training_days", "check_training_memory", "check_warmup",
+    "check_binding_prediction", "check_binding_verdicts", "check_bubble", "check_ddp_buckets", "check_deepspeed_config",
+    "check_efficiency", "check_engine_bytes", "check_fsdp_reshard", "check_fusion",
+    "check_horovod_sync", "check_in_sync", "check_parallelism_choice", "check_pipeline",
+    "check_pipeline_backward", "check_predicted_efficiency",
+    "check_rank_device", "check_ring_prediction", "check_samples_per_s", "check_sharding", "check_step_prediction",
+    "check_stopwatch_prediction", "check_summed_step",
+    "check_stage2_window", "check_tensor_parallel_mlp", "check_training_memory", "check_training_nodes", "check_warmup",
     "check_window_prediction", "check_zero_formula", "deepspeed_batch", "from_ranks", "gather", "horovod_fuse",
     "ring_allreduce_s", "SimulatedDevice",
 ]

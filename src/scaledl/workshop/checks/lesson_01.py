@@ -1,4 +1,4 @@
-"""Lesson 1's checks: training memory, training days, and which parallelism a model needs."""
+"""Lesson 1's checks: training memory, the nodes to train in time, and which parallelism a model needs."""
 from __future__ import annotations
 
 import math
@@ -7,58 +7,86 @@ from scaledl.workshop.checks.common import _unfinished, _verdict
 
 
 def check_training_memory(memory, num_params: int) -> bool:
-    """Bytes to train `num_params` parameters in fp32 with Adam: parameters, gradients and
-    Adam's two states (momentum and variance), 4 bytes each: 16 bytes per parameter."""
+    """Bytes to train `num_params` parameters with Adam in mixed precision, as the ZeRO paper
+    (section 3.1) and DeepSpeed count it: 16-bit parameters and gradients (2 bytes each), and in
+    fp32 the optimizer's master copy of the weights, momentum and variance (4 + 4 + 4): 16 bytes a
+    parameter, as many as in fp32."""
     if memory is None:
         return _unfinished("memory")
-    want = {"params": 4 * num_params, "grads": 4 * num_params, "optimizer": 8 * num_params}
+    want = {"params": 2 * num_params, "grads": 2 * num_params, "optimizer": 12 * num_params}
     missing = [key for key in want if key not in memory]
     if missing:
         return _verdict(False, f"`memory` has no {missing[0]!r}: give bytes for params, grads and optimizer")
     for key, name in (("params", "parameters"), ("grads", "gradients")):
         got = memory[key]
         if math.isclose(got, want[key] * 8):
-            return _verdict(False, f"{name}: {got:.3g} is in bits: count bytes, 4 for each fp32 number")
-        if math.isclose(got, want[key] / 2):
-            return _verdict(False, f"{name}: {got:.3g} bytes counts 2 bytes a number: this model trains in fp32, 4")
+            return _verdict(False, f"{name}: {got:.3g} is in bits: count bytes, 2 for each 16-bit number")
+        if math.isclose(got, want[key] * 2):
+            return _verdict(False, f"{name}: {got:.3g} bytes counts 4 bytes a number, fp32: forward and backward "
+                                   "work on a 16-bit copy here, 2 bytes a number")
         if math.isclose(got, want[key] / 1e9):
             return _verdict(False, f"{name}: {got:.3g} looks like GB: give bytes (the check divides by 1e9 itself)")
         if not math.isclose(got, want[key]):
-            return _verdict(False, f"{name}: {got:.3g} bytes, expected {want[key]:.3g}: one fp32 number per parameter")
+            return _verdict(False, f"{name}: {got:.3g} bytes, expected {want[key]:.3g}: one 16-bit number per "
+                                   "parameter")
     got = memory["optimizer"]
-    if math.isclose(got, 12 * num_params):
-        return _verdict(False, "optimizer: 12 bytes a parameter is mixed precision's count (an fp32 master copy "
-                               "plus two states): in fp32 the parameters are the master copy: Adam adds two numbers")
+    if math.isclose(got, 12 * num_params * 8):
+        return _verdict(False, "optimizer: that is in bits: count bytes, 4 for each fp32 number")
+    if math.isclose(got, 8 * num_params):
+        return _verdict(False, "optimizer: Adam's momentum and variance are 8 bytes a parameter; the optimizer also "
+                               "keeps an fp32 master copy of the weights: 4 more")
+    if math.isclose(got, 6 * num_params):
+        return _verdict(False, "optimizer: three numbers a parameter is right, but the optimizer keeps them in fp32, "
+                               "4 bytes each")
     if math.isclose(got, 4 * num_params):
-        return _verdict(False, "optimizer: that is one state per parameter: Adam keeps two (momentum and variance)")
+        return _verdict(False, "optimizer: that is one fp32 number (or two 16-bit ones) a parameter: it keeps three "
+                               "fp32 numbers: the master copy of the weights, momentum and variance")
     if math.isclose(got, 0):
-        return _verdict(False, "optimizer: Adam's states are memory too: two fp32 numbers per parameter")
+        return _verdict(False, "optimizer: the optimizer's states are memory too: the master copy, momentum and "
+                               "variance")
+    if math.isclose(got, 12 * num_params / 1e9):
+        return _verdict(False, "optimizer: that looks like GB: give bytes (the check divides by 1e9 itself)")
     if not math.isclose(got, want["optimizer"]):
-        return _verdict(False, f"optimizer: {got:.3g} bytes, expected {want['optimizer']:.3g}: "
-                               "Adam keeps two fp32 numbers per parameter")
+        return _verdict(False, f"optimizer: {got:.3g} bytes, expected {want['optimizer']:.3g}: three fp32 numbers "
+                               "per parameter")
     total = sum(want.values())
-    return _verdict(True, f"{total / 1e9:.0f} GB of model states before a single activation: 16 bytes a parameter")
+    return _verdict(True, f"{total / 1e9:.0f} GB of model states before a single activation: 2 + 2 + 12 = 16 bytes "
+                          "a parameter, as many as in fp32")
 
 
-def check_training_days(days, num_params: float, num_tokens: float, peak_flops: float, utilization: float,
-                        num_gpus: int) -> bool:
-    """Days to train: 6 x parameters x tokens FLOPs (2 forward + 4 backward), at the sustained
-    rate utilization x peak per GPU, over num_gpus GPUs."""
-    if days is None:
-        return _unfinished("days")
-    seconds = 6 * num_params * num_tokens / (peak_flops * utilization * num_gpus)
-    want = seconds / 86400
-    if math.isclose(days, want, rel_tol=1e-3):
-        return _verdict(True, f"{want:,.1f} days on {num_gpus} GPUs: 6 N T FLOPs at {utilization:.0%} of peak")
-    for factor, message in ((1 / 3, "you counted the forward pass only (2 N T): backward costs twice the forward"),
+def check_training_nodes(nodes, num_params: float, num_tokens: float, peak_flops: float, utilization: float,
+                         target_days: float, gpus_per_node: int = 4) -> bool:
+    """The fewest nodes of `gpus_per_node` GPUs that train in `target_days`: 6 x parameters x tokens
+    FLOPs (2 forward + 4 backward), at the sustained rate utilization x peak per GPU, rounded up
+    to whole nodes."""
+    if nodes is None:
+        return _unfinished("nodes")
+    try:
+        got = float(nodes)
+    except (TypeError, ValueError):
+        return _verdict(False, f"`nodes` is {nodes!r}: give a number of nodes")
+    node_days = 6 * num_params * num_tokens / (peak_flops * utilization * gpus_per_node) / 86400
+    exact = node_days / target_days
+    want = math.ceil(exact - 1e-9)
+    if got == want:
+        fewer = f"; {want - 1} would take {node_days / (want - 1):.1f}" if want > 1 else ""
+        return _verdict(True, f"{want} nodes ({want * gpus_per_node} GPUs) train in {node_days / want:.1f} days"
+                              f"{fewer}")
+    if math.isclose(got, exact, rel_tol=1e-6):
+        return _verdict(False, f"{got:.4g} nodes: a job books whole nodes: round up to {want}")
+    if got == math.floor(exact) and got < exact:
+        return _verdict(False, f"{got:g} nodes take {node_days / got:.1f} days, more than {target_days:g}: round up, "
+                               "not down")
+    for factor, message in ((gpus_per_node, f"that counts GPUs: a node has {gpus_per_node}"),
+                            (1 / 3, "you counted the forward pass only (2 N T): backward costs twice the forward"),
                             (utilization, "that assumes the GPUs run at their peak: multiply peak by the utilization"),
-                            (num_gpus, "that is one GPU's time: the work divides over all the GPUs"),
-                            (86400, "that is in seconds: a day has 86,400"),
-                            (24, "that is in hours: divide by 24")):
-        if math.isclose(days, want * factor, rel_tol=1e-3):
-            return _verdict(False, f"{days:,.3g} days: {message}")
-    return _verdict(False, f"{days:,.3g} days, expected {want:,.1f}: FLOPs = 6 x parameters x tokens, "
-                           "divided by the sustained FLOP/s of all GPUs")
+                            (86400, "a day has 86,400 seconds: divide the seconds by it"),
+                            (24, "that mixes hours and days: a day has 24 hours")):
+        for value in (exact * factor, math.ceil(exact * factor - 1e-9)):
+            if math.isclose(got, value, rel_tol=1e-3):
+                return _verdict(False, f"{got:,.4g} nodes: {message}")
+    return _verdict(False, f"{got:,.4g} nodes, expected {want}: FLOPs = 6 x parameters x tokens; divide by what one "
+                           f"node sustains in {target_days:g} days, then round up")
 
 
 PARALLELISM_ANSWERS = {"data": "data", "sharded": "sharded", "zero": "sharded", "fsdp": "sharded", "model": "model"}
@@ -125,7 +153,8 @@ def check_parallelism_choice(choose) -> bool:
                        else "together they are")
             why = (f"sharding divides the {state_gb:g} GB of states over {world_size} ranks "
                    f"({state_gb / world_size:g} GB) and each rank still keeps its own {act_gb:g} GB of activations: "
-                   f"{too_big} over {device_gb:g} GB, so the model itself must be split")
+                   f"{too_big} over {device_gb:g} GB: sharding alone is not enough (recompute the activations or split "
+                   "the model)")
         return _verdict(False, f"{case}: you said {answer}, the answer is {want}: {why}")
     return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes a parameter) plus activations "
                           "decide data, sharded (1/world_size of the states) or model parallelism")

@@ -1,4 +1,4 @@
-"""Lesson 2's checks: a stopwatch that tells the truth on an asynchronous device."""
+"""Lesson 2's checks: a stopwatch that tells the truth on an asynchronous device, and a step's time from its FLOPs."""
 from __future__ import annotations
 
 import math
@@ -139,3 +139,52 @@ def check_stopwatch_prediction(predict) -> bool:
         return _verdict(False, f"{where}: {shown}, the stopwatch reads {want:,.0f} samples/s: {hint}")
     return _verdict(True, f"all {len(_STOPWATCH_CASES)} cases: without synchronize the clock reads the host's "
                           "launches; with it, the queue drains first; the warm-up stays outside the clock")
+
+
+# (flops of one step at batch_size, batch_size, new_batch_size, throughput FLOP/s): a larger batch and a smaller
+# one, so that a prediction scaled the wrong way differs, and ratios that are not 2 or 1/2.
+_STEP_CASES = [(0.45e9, 64, 256, 180e9), (3e9, 128, 32, 20e9), (1e12, 16, 48, 15e12)]
+
+
+def check_step_prediction(predict) -> bool:
+    """`predict(flops, batch_size, new_batch_size, throughput) -> seconds`: a training step's time
+    at new_batch_size from the FLOPs counted at batch_size, at the matmul's throughput.  Every
+    product the step counts (convolutions, linear layers, forward and backward) has the batch as a
+    factor, so the FLOPs, and the floor on the time, grow in proportion to it."""
+    if predict is None:
+        return _unfinished("predict_step_s")
+    for flops, batch_size, new_batch_size, throughput in _STEP_CASES:
+        where = (f"{flops / 1e9:g} GFLOP at batch {batch_size}, predicted at batch {new_batch_size}, "
+                 f"{throughput / 1e9:g} GFLOP/s")
+        try:
+            raw = predict(flops, batch_size, new_batch_size, throughput)
+        except NotImplementedError:
+            return _verdict(False, "predict_step_s still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{where}: predict_step_s raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        try:
+            got = math.nan if isinstance(raw, bool) else float(raw)
+        except (TypeError, ValueError):
+            got = math.nan
+        if not 0 < got < math.inf:
+            return _verdict(False, f"{where}: it returned {raw!r}: return seconds, a positive number")
+        ratio = new_batch_size / batch_size
+        want = flops * ratio / throughput
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        slips = [(flops / throughput, "that is the time at batch_size: a step's FLOPs grow with the batch (look at "
+                                      "the factors of the hand count)"),
+                 (flops / ratio / throughput, "the FLOPs grow in proportion to the batch, not against it"),
+                 (flops * new_batch_size / throughput, "`flops` is a whole step's count at batch_size, not one "
+                                                       "sample's"),
+                 (3 * want, "`flops` already counts forward and backward: no factor of 3 on top"),
+                 (want * 1e3, "that is in milliseconds: return seconds"),
+                 (new_batch_size / want, "that is samples per second: return the step's seconds"),
+                 (flops * ratio * throughput, "throughput is FLOP per second: divide the FLOPs by it"),
+                 (throughput / (flops * ratio), "that is steps per second: return seconds per step")]
+        hint = next((message for value, message in slips if math.isclose(got, value, rel_tol=1e-6)),
+                    "the FLOPs at new_batch_size, divided by the throughput")
+        return _verdict(False, f"{where}: {got:.4g} s, expected {want:.4g} s: {hint}")
+    return _verdict(True, f"all {len(_STEP_CASES)} cases: a step's FLOPs grow in proportion to the batch, and the "
+                          "time at the matmul's rate with them")

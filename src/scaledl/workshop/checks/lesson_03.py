@@ -7,36 +7,47 @@ from scaledl.workshop.checks.common import _unfinished, _verdict
 
 
 def check_all_reduce(values_by_rank: list, world_size: int) -> bool:
-    """After all_reduce(SUM) of rank + 1 every rank holds 1 + 2 + ... + world_size."""
+    """After an all_reduce (a sum) of rank + 1 and a division by world_size, every rank holds the
+    average, (1 + 2 + ... + world_size) / world_size = (world_size + 1) / 2."""
     if values_by_rank is None:
         return False
     if world_size < 2:
-        return _verdict(False, "one rank cannot tell a sum from its own value: start 2 or more (WORLD_SIZE = 2)")
-    expected = world_size * (world_size + 1) / 2
+        return _verdict(False, "one rank cannot tell an average from its own value: start 2 or more (WORLD_SIZE = 2)")
+    expected = (world_size + 1) / 2
+    total = world_size * expected
     values = [float(v) for v in values_by_rank]
-    wrong = [(rank, v) for rank, v in enumerate(values) if v != expected]
+    wrong = [(rank, v) for rank, v in enumerate(values) if not math.isclose(v, expected)]
     if not wrong:
-        return _verdict(True, f"every rank holds {expected:g}, the sum over all ranks")
+        return _verdict(True, f"every rank holds {expected:g}, the average over all ranks")
     rank, value = wrong[0]
-    if values[0] == expected and value == rank + 1:
+    own = rank + 1
+    others = list(enumerate(values))[1:]  # a reduce to rank 0 leaves the others with their own value
+    if math.isclose(values[0], expected) and all(math.isclose(v, (r + 1) / world_size) for r, v in others):
+        hint = "only rank 0 holds the average: a reduce delivers to one rank, and every rank needs it"
+    elif math.isclose(values[0], total) and all(math.isclose(v, r + 1) for r, v in others):
         hint = "only rank 0 holds the sum: a reduce delivers to one rank, and every rank needs it"
-    elif value == rank + 1:
+    elif math.isclose(value, total):
+        hint = "that is the sum: divide it by world_size for the average"
+    elif math.isclose(value, own):
         hint = "it still holds its own value: every rank must take part in the collective"
-    elif value == world_size:
-        hint = "that is the largest value: the reduce op must be a sum"
-    elif value == (world_size + 1) / 2:
-        hint = "that is the average: this exercise wants the sum (the default op)"
+    elif math.isclose(value, own / world_size):
+        hint = "it divided its own value but took part in no sum: every rank must call the collective"
+    elif math.isclose(value, expected / world_size):
+        hint = "that is the average divided by world_size again: divide once"
+    elif math.isclose(value, world_size):
+        hint = "that comes from the largest value: the reduce op must be a sum"
     else:
-        hint = "check the reduce op (a sum) and that every rank takes part"
+        hint = "sum with the collective (every rank), then divide by world_size"
     return _verdict(False, f"rank {rank} holds {value:g}, expected {expected:g}: {hint}")
 
 
 def check_sharding(shard, num_samples: int = 20, nodes: int = 2, ranks_per_node: int = 3) -> bool:
     """`shard(num_samples, rank, local_rank, world_size) -> indices`, run for every rank of a
     simulated job of `nodes` nodes, on a number of samples the world size does not divide:
-    every sample exactly once across all ranks, except what DistributedSampler does to give
-    every rank as many samples (it repeats fewer than world_size of them, or with drop_last
-    leaves fewer than world_size out)."""
+    every rank gets as many samples (a rank with a step more would wait alone in that step's
+    all-reduce), and every sample goes to exactly one rank, except what evens the shares out:
+    fewer than world_size samples repeated (DistributedSampler's padding) or left out (its
+    drop_last)."""
     if shard is None:
         return _unfinished("shard")
     world_size = nodes * ranks_per_node
@@ -72,18 +83,21 @@ def check_sharding(shard, num_samples: int = 20, nodes: int = 2, ranks_per_node:
         hint = ("you sharded by local rank, which repeats on every node: use the global rank" if same_local
                 else "each rank needs its own place: the global rank among world_size ranks")
         return _verdict(False, f"{where}: ranks {ranks[0]} and {ranks[1]} both get sample {index}: {hint}")
+    if len(sizes) > 1 and not missing:
+        counts = [len(indices) for indices in by_rank]
+        small = counts.index(min(counts))
+        return _verdict(False, f"{where}: rank {counts.index(max(counts))} gets {max(counts)} samples, rank {small} "
+                               f"{min(counts)}: with uneven shares a rank can run a step more than the others and wait "
+                               "alone in its all-reduce: give every rank as many (repeat a few samples, or drop a few)")
     if missing and not (not repeats and len(missing) < world_size and len(sizes) == 1):
         return _verdict(False, f"{where}: {len(missing)} samples are never seen (first: {missing[0]}): together "
                                "the shards must cover the data: one shard per rank of the whole job (world_size)")
     if repeats:
         said = (f"every sample goes to one rank, {repeats} also to a second so that every rank gets {sizes.pop()} "
-                "(DistributedSampler's padding)")
+                "(padding, as DistributedSampler does)")
     elif missing:
         said = f"no sample goes to two ranks; {len(missing)} are left out of the epoch so that every rank gets " \
-               f"{sizes.pop()} (drop_last)"
-    elif len(sizes) > 1:
-        said = (f"each sample goes to exactly one rank (ranks get {min(sizes)} to {max(sizes)}: DistributedSampler "
-                "pads instead, so that every rank runs the same number of steps)")
+               f"{sizes.pop()} (as DistributedSampler's drop_last does)"
     else:
         said = "each sample goes to exactly one rank"
     return _verdict(True, f"{where}: {said}")
@@ -127,6 +141,7 @@ def check_ring_prediction(predict) -> bool:
                  (latency / 2 + bandwidth, "the latency counts p-1 messages: each half of the ring sends p-1"),
                  (latency + nbytes / beta, "each rank sends 2(p-1)/p of the bytes, not the buffer once"),
                  (latency + 2 * nbytes / beta, "each rank sends 2(p-1)/p of the bytes: a chunk of n/p per step"),
+                 (latency + 2 * (p - 1) * nbytes / beta, "a step sends one chunk, n/p bytes, not the whole buffer"),
                  (latency + 2 * (p - 1) / p * nbytes * beta, "beta is bytes per second: divide the bytes by it"),
                  (bandwidth, "the latency term is missing: 2(p-1) messages, alpha each"),
                  (latency, "the bandwidth term is missing: 2(p-1)/p n bytes at beta bytes/s"),

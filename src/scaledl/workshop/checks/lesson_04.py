@@ -10,7 +10,8 @@ from scaledl.workshop.checks.common import _unfinished, _verdict
 _HOROVOD_FIXES = {
     "tf": ("after the first step",
            "broadcast rank 0's model variables after the first step (hvd.broadcast_variables)",
-           "broadcast the optimizer's variables too (optimizer.variables), not only the model's",
+           "broadcast the optimizer's variables too (optimizer_variables, from optimizer.variables), not only "
+           "the model's",
            "average the gradients: wrap the tape in hvd.DistributedGradientTape"),
     "torch": ("before the first step",
               "broadcast rank 0's parameters before training (hvd.broadcast_parameters)",

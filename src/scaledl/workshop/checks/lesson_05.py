@@ -1,25 +1,59 @@
-"""Lesson 5's checks: Horovod's all-reduce and broadcast in PyTorch."""
+"""Lesson 5's checks: what a summed gradient does to SGD's step, and Horovod's sync in PyTorch."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _verdict
 from scaledl.workshop.checks.lesson_04 import check_horovod_sync  # noqa: F401  (lesson 5 checks the same sync)
 
 
-def check_horovod_allreduce(results_by_rank: list, world_size: int) -> bool:
-    """Each rank all-reduces rank + 1 twice: (total with op=hvd.Sum, average with the default)."""
+def _close(a: list, b: list, tolerance: float) -> bool:
+    return len(a) == len(b) and all(abs(float(x) - float(y)) <= tolerance * max(1.0, abs(float(y)))
+                                    for x, y in zip(a, b))
+
+
+def check_summed_step(results_by_rank: list, references_by_rank: list, world_size: int,
+                      tolerance: float = 1e-5) -> bool:
+    """Each rank gives {"summed": its gradient g summed over ranks, "stepped": the weights after one plain
+    SGD step from w with it}; its reference {"w", "lr", "own": its own g, "global_gradient": the gradient
+    of the mean over every rank's samples, "one_process": w - lr * global_gradient} says what one
+    process on all the samples does.  With micro batches of one size the global gradient is the
+    average of the ranks' g, so the sum is world_size times it and the step needs lr / world_size."""
     if results_by_rank is None:
         return False
-    want_total, want_average = world_size * (world_size + 1) / 2, (world_size + 1) / 2
-    for rank, (total, average) in enumerate(results_by_rank):
-        total, average = float(total), float(average)
-        if total != want_total:
-            hint = ("Horovod averages unless told otherwise: ask for a sum" if total == want_average
-                    else "it still holds its own value: all-reduce it, on every rank" if total == rank + 1
-                    else "sum it, on every rank")
-            return _verdict(False, f"rank {rank}: total is {total:g}, expected {want_total:g}: {hint}")
-        if average != want_average:
-            hint = ("that is the sum: leave the op at its default, the average" if average == want_total
-                    else "it still holds its own value: all-reduce it, on every rank" if average == rank + 1
-                    else "average it (the default op), on every rank")
-            return _verdict(False, f"rank {rank}: average is {average:g}, expected {want_average:g}: {hint}")
-    return _verdict(True, f"every rank holds the sum {want_total:g} and the average {want_average:g}")
+    if len(results_by_rank) < 2:
+        return _verdict(False, "one rank has nobody to sum with: start 2 or more (WORLD_SIZE = 2)")
+    if references_by_rank is None or any(r is None for r in references_by_rank):
+        return _verdict(False, "the reference cell did not finish on every rank: run the cells above in order")
+    if any(r is None or r.get("summed") is None or r.get("stepped") is None for r in results_by_rank):
+        return _verdict(False, "the exercise cell did not finish on every rank: set summed and stepped, and run it")
+    for rank, (result, reference) in enumerate(zip(results_by_rank, references_by_rank)):
+        w, lr, own = reference["w"], float(reference["lr"]), reference["own"]
+        mean, right = reference["global_gradient"], reference["one_process"]
+        summed, stepped = list(result["summed"]), list(result["stepped"])
+
+        def step(scale, gradient=mean):
+            return [wi - lr * scale * gi for wi, gi in zip(w, gradient)]
+
+        if not _close(summed, [world_size * g for g in mean], tolerance):
+            hint = ("that is the average: Horovod averages unless told otherwise: ask for the sum (op=hvd.Sum)"
+                    if _close(summed, mean, tolerance) else
+                    "that is this rank's own gradient: all-reduce it over the ranks" if _close(summed, own, tolerance)
+                    else "sum g over every rank with Horovod's all-reduce")
+            return _verdict(False, f"rank {rank}: summed is not the sum of the ranks' gradients: {hint}")
+        if _close(stepped, right, tolerance):
+            continue
+        if _close(stepped, step(world_size), tolerance):
+            hint = (f"the step is {world_size}x too large: the sum is {world_size}x the average, so plain SGD at the "
+                    f"same lr steps {world_size}x as far: divide lr (or the sum) by world_size")
+        elif _close(stepped, step(1 / world_size), tolerance):
+            hint = (f"the step is {world_size}x too small: the sum divided by world_size is already the average, "
+                    "which takes lr as it is")
+        elif _close(stepped, step(-world_size), tolerance) or _close(stepped, step(-1), tolerance):
+            hint = "the step goes uphill: subtract lr times the gradient from w"
+        elif _close(stepped, step(1, own), tolerance) or _close(stepped, step(world_size, own), tolerance):
+            hint = "the step uses this rank's own gradient: use summed, the ranks' sum"
+        else:
+            hint = "one plain SGD step from w: w - lr * gradient, with the gradient of the mean over all the samples"
+        return _verdict(False, f"rank {rank}: stepped is not one process's step on all {world_size} ranks' "
+                               f"samples: {hint}")
+    return _verdict(True, f"every rank holds the sum, {world_size}x the average, and steps as one process on all "
+                          f"{world_size} ranks' samples: a summed gradient takes lr / {world_size}")

@@ -26,6 +26,57 @@ def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
 
 
 
+# (local rank, GPUs the process can see, what the case is, the device it must compute on)
+_RANK_DEVICE_CASES = [
+    (3, 1, "local rank 3 under the Polaris job's wrapper (it sees one GPU)", "cuda:0"),
+    (2, 4, "local rank 2 on a node where every rank sees all 4 GPUs", "cuda:2"),
+    (0, 4, "local rank 0 on a node where every rank sees all 4 GPUs", "cuda:0"),
+    (1, 0, "local rank 1 on a machine without a GPU", "cpu"),
+]
+
+
+def check_rank_device(rank_device) -> bool:
+    """`rank_device(local_rank, visible_gpus) -> torch.device`: the device a rank computes on.  CUDA
+    numbers the GPUs a process can see from 0 (CUDA_VISIBLE_DEVICES), so under a launcher that shows each
+    rank only its own GPU that GPU is cuda:0, whatever the local rank; where every rank sees every GPU
+    it is cuda:<local_rank>; with none, the CPU (`scaledl.setup` takes cuda:<local_rank % visible>)."""
+    import torch
+
+    if rank_device is None:
+        return _unfinished("rank_device")
+    for local_rank, visible, case, want in _RANK_DEVICE_CASES:
+        try:
+            got = rank_device(local_rank, visible)
+        except NotImplementedError:
+            return _verdict(False, "rank_device still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: rank_device raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        try:
+            device = torch.device(got)
+        except (TypeError, RuntimeError):
+            return _verdict(False, f"{case}: rank_device returned {got!r}: return a torch.device, "
+                                   "such as torch.device('cuda', 0) or torch.device('cpu')")
+        if (device.type, device.index if device.type == "cuda" else None) == (torch.device(want).type,
+                                                                             torch.device(want).index):
+            continue
+        if want == "cpu":
+            hint = "a rank that sees no GPU computes on the CPU"
+        elif device.type == "cuda" and device.index is None:
+            hint = "name the GPU's index: a bare 'cuda' is whichever GPU is current, not this rank's own"
+        elif device.type != "cuda":
+            hint = "this rank sees a GPU: it computes on one, not on the CPU"
+        elif visible == 1:
+            hint = (f"the wrapper shows this rank one GPU, and CUDA numbers the GPUs a process sees from 0: "
+                    f"cuda:{device.index} does not exist in this process")
+        else:
+            hint = (f"every rank sees all {visible} GPUs here: each takes the one of its local rank, or the ranks "
+                    "share one GPU while the others idle")
+        return _verdict(False, f"{case}: rank_device gave {device}, it must be {want}: {hint}")
+    return _verdict(True, f"all {len(_RANK_DEVICE_CASES)} ranks on the right device: the GPUs a process sees are "
+                          "numbered from 0, so under Polaris' wrapper every rank is on cuda:0")
+
+
 def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance: float = 1e-5) -> bool:
     """DDP gradient accumulation.  Each rank reports {"max_error": largest difference of its
     weights from one SGD step on the big batch (all ranks' micro batches), "all_reduces": bucket

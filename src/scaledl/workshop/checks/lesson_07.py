@@ -1,4 +1,5 @@
-"""Lesson 7's checks: scaling efficiency, the learning-rate warm-up, and the communication left exposed."""
+"""Lesson 7's checks: scaling efficiency, the learning-rate warm-up, and the efficiency a communication model
+predicts."""
 from __future__ import annotations
 
 import math
@@ -105,54 +106,62 @@ def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps
     return _verdict(True, "lr ramps linearly from the base lr to lr x global/base batch, then stays there")
 
 
-MIB = 2**20
-# (buckets in launch order, ranks, alpha, bandwidth, backward): a long backward (only the last bucket
-# shows), a short one (the overflow shows), buckets of unequal size (first and last differ), one
-# bucket, one rank.
-_EXPOSED_CASES = [([25 * MIB, 25 * MIB, 10 * MIB], 4, 10e-6, 10e9, 0.2),
-                  ([25 * MIB, 25 * MIB, 10 * MIB], 4, 10e-6, 10e9, 0.004),
-                  ([1 * MIB, 24 * MIB], 8, 50e-6, 5e9, 0.003),
-                  ([100 * MIB], 16, 20e-6, 25e9, 0.05),
-                  ([25 * MIB, 5 * MIB], 1, 10e-6, 10e9, 0.01)]
+# (1-rank step, gradient bytes, ranks, alpha, bandwidth, strong): this lesson's CPU link and 2 ranks; a
+# Polaris-like link over 8 ranks, where the ring's latencies weigh most; a large model, where its
+# bytes do; strong scaling on 4 and 2 ranks, where each rank's compute shrinks and the all-reduce
+# does not; one rank, which communicates nothing, weak and strong.
+_EFFICIENCY_CASES = [(0.0138, 827_688, 2, 488e-6, 1.36e9, False),
+                     (0.002, 827_688, 8, 10e-6, 50e9, False),
+                     (0.05, 400e6, 16, 20e-6, 25e9, False),
+                     (0.024, 827_688, 4, 100e-6, 2e9, True),
+                     (0.02, 4e6, 2, 50e-6, 10e9, True),
+                     (0.01, 827_688, 1, 488e-6, 1.36e9, False),
+                     (0.01, 827_688, 1, 488e-6, 1.36e9, True)]
 
 
-def check_exposed(exposed_s) -> bool:
-    """`exposed_s(buckets, ranks, alpha_s, bandwidth_Bps, backward_s)`: the seconds of DDP's
-    bucketed all-reduce that backward does not hide (scaledl.perf.predict.bucketed_s with overlap):
-    each bucket a ring all-reduce, one after another; the last starts when backward ends, so it is
-    always exposed, and what did not fit under backward is too."""
+def check_predicted_efficiency(predicted_efficiency) -> bool:
+    """`predicted_efficiency(step_s, grad_bytes, ranks, alpha_s, bandwidth_Bps, strong_scaling=False)`: the
+    efficiency the communication model predicts for a model whose gradients fit in one DDP bucket
+    (all-reduced when backward ends, so none of it hides): a rank's step is its compute plus a ring
+    all-reduce of the gradients, 2(N-1) alpha + 2(N-1)/N n / bandwidth (scaledl.perf.predict's `ddp`
+    row for such a model).  The compute is the 1-rank step under weak scaling, and 1/N of it under
+    strong scaling, where the 1-rank step is the whole global batch's; efficiency = the compute / the step."""
     from scaledl.perf import predict
 
-    if exposed_s is None:
-        return _unfinished("exposed_s")
-    for buckets, ranks, alpha, bandwidth, backward in _EXPOSED_CASES:
+    if predicted_efficiency is None:
+        return _unfinished("predicted_efficiency")
+    for step_s, grad_bytes, ranks, alpha, bandwidth, strong in _EFFICIENCY_CASES:
         link = predict.Link(alpha, bandwidth)
-        each = [predict.allreduce_s(b, ranks, link) for b in buckets]
-        want = predict.bucketed_s(buckets, ranks, link, backward, overlap=True)
-        case = (f"buckets of {', '.join(f'{b / MIB:g}' for b in buckets)} MiB on {ranks} ranks, alpha "
-                f"{alpha * 1e6:g} us, {bandwidth / 1e9:g} GB/s, backward {backward * 1e3:g} ms")
+        comm = predict.allreduce_s(grad_bytes, ranks, link)
+        compute = step_s / ranks if strong else step_s
+        want = compute / (compute + comm)
+        case = (f"{'strong' if strong else 'weak'} scaling, 1-rank step {step_s * 1e3:g} ms, {grad_bytes / 1e6:g} "
+                f"MB of gradients, {ranks} ranks, alpha {alpha * 1e6:g} us, {bandwidth / 1e9:g} GB/s")
         try:
-            got = float(exposed_s(list(buckets), ranks, alpha, bandwidth, backward))
+            got = float(predicted_efficiency(step_s, grad_bytes, ranks, alpha, bandwidth, strong))  # 6th: strong?
         except NotImplementedError:
-            return _verdict(False, "exposed_s still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:
-            return _verdict(False, f"{case}: exposed_s raised {type(error).__name__}: "
+            return _verdict(False, "predicted_efficiency still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, in one line
+            return _verdict(False, f"{case}: predicted_efficiency raised {type(error).__name__}: "
                                    f"{(str(error).splitlines() or [''])[0]}")
-        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+        if math.isclose(got, want, rel_tol=1e-6):
             continue
-        total = sum(each)
-        if ranks > 1 and math.isclose(got, total, rel_tol=1e-6):
-            hint = "that is every bucket's time: the buckets before the last run while backward still computes"
-        elif math.isclose(got, each[-1], rel_tol=1e-6):
-            hint = "only the last bucket: when backward is short, what did not fit under it is exposed too"
-        elif any(math.isclose(got, v, rel_tol=1e-6, abs_tol=1e-12)
-                 for v in (total - backward, max(0.0, total - backward))):
-            hint = "total minus backward can be below the last bucket, which starts only when backward ends"
-        elif len(each) > 1 and math.isclose(got, max(each[0], total - backward), rel_tol=1e-6):
-            hint = "the buckets are in launch order: the last one in the list goes when backward ends"
-        elif ranks == 1:
-            hint = "one rank has nothing to all-reduce"
-        else:
-            hint = "each bucket is a ring all-reduce, 2(N-1) alpha + 2(N-1)/N n / bandwidth, one after another"
-        return _verdict(False, f"{case}: {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms: {hint}")
-    return _verdict(True, "the last bucket, or what did not fit under backward, whichever is longer")
+        one_way = (ranks - 1) * alpha + (ranks - 1) / ranks * grad_bytes / bandwidth
+        whole_bytes = 2 * (ranks - 1) * alpha + 2 * grad_bytes / bandwidth
+        wrong = [(ranks * want, "that is the speed-up over one rank: efficiency divides it by the ranks"),
+                 (1 / want, "upside down: the compute over the whole step, not the step over the compute"),
+                 (1.0, "nothing hides here: the one bucket is all-reduced after backward ends (lesson 6)"),
+                 (1 - comm / compute, "efficiency is the compute over the compute plus the all-reduce, not 1 minus "
+                                      "their ratio"),
+                 (step_s / (step_s + comm), "under strong scaling each rank computes 1/N of the global batch: its "
+                                            "compute shrinks, the all-reduce of the whole model's gradients does not"),
+                 (compute / (compute + one_way), "a ring all-reduce goes round twice (reduce-scatter, then "
+                                                 "all-gather): 2(N-1) latencies and 2(N-1)/N of the bytes"),
+                 (compute / (compute + whole_bytes), "each rank sends 2(N-1)/N of the bytes, not twice all of them")]
+        hint = next((text for value, text in wrong if not math.isclose(value, want, rel_tol=1e-6)
+                     and math.isclose(got, value, rel_tol=1e-6)),
+                    "the compute over the compute plus a ring all-reduce of every gradient, "
+                    "2(N-1) alpha + 2(N-1)/N n / bandwidth")
+        return _verdict(False, f"{case}: {got:.4g}, expected {want:.4g}: {hint}")
+    return _verdict(True, "weak and strong: the compute over the compute plus a ring all-reduce of every gradient, "
+                          "none of it hidden")

@@ -91,7 +91,6 @@ def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_s
                           f"world_size {world_size}{said}, and nothing is clipped")
 
 
-
 def accumulation_plan(micro_steps: int, accumulation_steps: int, zero_stage: int) -> tuple[int, int]:
     """(backward passes that reduce gradients, optimizer steps) of a DeepSpeed engine over
     `micro_steps` micro steps: the optimizer steps at each full window's end; stages 0-1 reduce in
@@ -155,10 +154,15 @@ def check_window_prediction(predicted, measured, grad_bytes: int, world_size: in
     all-reduced whole per backward by DeepSpeed 0.19.8's default `use_multi_rank_bucket_allreduce`)."""
     if predicted is None:
         return _unfinished("stage2_window")
+    return _verdict(*_window_verdict(predicted, measured, grad_bytes, world_size, accumulation_steps))
+
+
+def _window_verdict(predicted, measured, grad_bytes: int, world_size: int, accumulation_steps: int) -> tuple:
+    """(ok, message) of `check_window_prediction`."""
     if not isinstance(predicted, dict) or not {"all_reduces", "bytes"} <= set(predicted):
-        return _verdict(False, "`stage2_window` needs two keys: {\"all_reduces\": ..., \"bytes\": ...}")
+        return False, "`stage2_window` needs two keys: {\"all_reduces\": ..., \"bytes\": ...}"
     if not measured:
-        return _verdict(False, "no measurement: run the stage-2 cell above on the ranks first")
+        return False, "no measurement: run the stage-2 cell above on the ranks first"
     calls, nbytes = predicted["all_reduces"], predicted["bytes"]
     want_calls, want_bytes = measured["all_reduces"], measured["bytes"]
     if calls != want_calls:
@@ -168,10 +172,10 @@ def check_window_prediction(predicted, measured, grad_bytes: int, world_size: in
             hint = "the engine flattens a bucket's gradients into one buffer: one call per bucket, not per tensor"
         else:
             hint = "count the backwards in a window that reduce"
-        return _verdict(False, f"{calls} all-reduces, the ranks made {want_calls}: {hint}")
+        return False, f"{calls} all-reduces, the ranks made {want_calls}: {hint}"
     if math.isclose(nbytes, want_bytes):
-        return _verdict(True, f"{want_calls} all-reduces in a window's backwards, {want_bytes:,} bytes in all, "
-                              f"as the ranks measured")
+        return True, (f"{want_calls} all-reduces in a window's backwards, {want_bytes:,} bytes in all, as the ranks "
+                      "measured")
     p, a = world_size, accumulation_steps
     wrong = [(a * grad_bytes / p, "each rank keeps 1/world_size of the sum, but the call carries the whole bucket"),
              (2 * (p - 1) / p * a * grad_bytes, "that is what the ring sends per rank: count the buffer all-reduced"),
@@ -180,4 +184,94 @@ def check_window_prediction(predicted, measured, grad_bytes: int, world_size: in
              (a * grad_bytes / 4, "that counts gradients: each fp32 gradient is 4 bytes")]
     hint = next((text for value, text in wrong if math.isclose(nbytes, value)),
                 "the gradients of the whole model, in fp32, in every backward of the window")
-    return _verdict(False, f"{nbytes:,} bytes, the ranks all-reduced {want_bytes:,}: {hint}")
+    return False, f"{nbytes:,} bytes, the ranks all-reduced {want_bytes:,}: {hint}"
+
+
+# (gradient sizes in the order backward produces them, accumulation steps, reduce_bucket_size): three that
+# fill the bucket exactly (still one bucket: each wrong count differs from the right one here); gradients
+# that overflow the bucket one by one, so that whole gradients leave the buckets part empty (more calls
+# than the total over the bucket size, rounded up); a small bucket and a window of one micro step; a
+# model far under the default bucket.
+_STAGE2_CASES = [([100_000_000, 150_000_000, 250_000_000], 3, 500_000_000),
+                 ([260_000_000] * 4, 2, 500_000_000),
+                 ([30, 50, 40, 20, 60], 1, 100),
+                 ([6_000, 400, 200_000, 500, 1_000, 10], 3, 500_000_000)]
+
+
+def check_stage2_window(stage2_window, measured=None, numels: list | None = None, world_size: int = 2,
+                        accumulation_steps: int = 3) -> bool:
+    """`stage2_window(numels, accumulation_steps, reduce_bucket_size) -> {"all_reduces", "bytes"}`: what ZeRO
+    stage 2's backwards all-reduce in one accumulation window, for fp32 gradients of `numels` elements in
+    the order backward produces them.  DeepSpeed 0.19.8 (stage_1_and_2.py,
+    `reduce_independent_p_g_buckets_and_remove_grads`) copies each gradient into a bucket and all-reduces
+    the bucket in one call when the next gradient would take it over `reduce_bucket_size` elements, and
+    what is left at the end of every backward (`scaledl.perf.predict._buckets` counts them).  Checked on
+    cases where the bucket splits, then on this lesson's model against the live ranks' window
+    (`measured`, through `check_window_prediction`)."""
+    from scaledl.perf.predict import _buckets
+
+    if stage2_window is None:
+        return _unfinished("stage2_window")
+    for case_numels, accumulation, bucket in _STAGE2_CASES:
+        case = (f"gradients of {', '.join(f'{n:,}' for n in case_numels)} elements, {accumulation} micro steps a "
+                f"window, reduce_bucket_size {bucket:,}")
+        try:
+            got = stage2_window(list(case_numels), accumulation, bucket)
+        except NotImplementedError:
+            return _verdict(False, "stage2_window still raises NotImplementedError: finish the exercise cell")
+        except Exception as error:  # a learner's error, in one line
+            return _verdict(False, f"{case}: stage2_window raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        if not isinstance(got, dict) or not {"all_reduces", "bytes"} <= set(got):
+            return _verdict(False, "stage2_window returns a dict with two keys: "
+                                   "{\"all_reduces\": ..., \"bytes\": ...}")
+        per_backward, total = _buckets(case_numels, bucket), sum(case_numels)
+        calls, nbytes = got["all_reduces"], got["bytes"]
+        if calls != accumulation * per_backward:
+            overfull = sum(1 for _ in _greater_or_equal_buckets(case_numels, bucket))
+            wrong = [(1, "one call per window is stages 0 and 1; at stage 2 every backward reduces"),
+                     (accumulation, "a backward whose gradients pass reduce_bucket_size fills several buckets: "
+                                    "one call per bucket"),
+                     (per_backward, "that is one backward's calls: every backward of the window reduces"),
+                     (accumulation * -(-total // bucket), "a bucket holds whole gradients and goes out when the next "
+                                                          "one would not fit, so buckets are not full: count them "
+                                                          "gradient by gradient"),
+                     (accumulation * len(case_numels), "the engine copies the gradients into a bucket and "
+                                                        "all-reduces the bucket: one call per bucket, not per "
+                                                        "gradient"),
+                     (accumulation * overfull, "a gradient that fills the bucket exactly stays in it: the bucket goes "
+                                               "out when the next one would take it over reduce_bucket_size"),
+                     (accumulation * (per_backward - 1), "what is left in the bucket at the end of a backward goes "
+                                                          "out too")]
+            hint = next((text for value, text in wrong if calls == value and value != accumulation * per_backward),
+                        "count the buckets of one backward, then the backwards of a window")
+            return _verdict(False, f"{case}: {calls} all-reduces, DeepSpeed makes {accumulation * per_backward}: "
+                                   f"{hint}")
+        want = accumulation * 4 * total
+        if not math.isclose(nbytes, want):
+            wrong = [(4 * total, "those are one backward's bytes: add up the window"),
+                     (accumulation * total, "that counts gradients: each fp32 gradient is 4 bytes"),
+                     (8 * want, "that counts bits: count bytes"),
+                     (accumulation * 4 * bucket * per_backward, "a call carries the gradients in its bucket, not a "
+                                                                "full bucket")]
+            hint = next((text for value, text in wrong if math.isclose(nbytes, value)),
+                        "every gradient of the model, 4 bytes each, in every backward of the window")
+            return _verdict(False, f"{case}: {nbytes:,} bytes, DeepSpeed all-reduces {want:,}: {hint}")
+    said = f"all {len(_STAGE2_CASES)} cases as DeepSpeed 0.19.8 fills and sends its buckets"
+    if numels is None:
+        return _verdict(True, said)
+    ok, message = _window_verdict(stage2_window(list(numels), accumulation_steps, 500_000_000), measured,
+                                  4 * sum(numels), world_size, accumulation_steps)
+    return _verdict(ok, f"{said}; on this model, " + message if ok else f"on this model: {message}")
+
+
+def _greater_or_equal_buckets(numels: list, bucket: float):
+    """The buckets a rule that sends a bucket once it is full (>=) would make: a wrong reading of DeepSpeed's."""
+    filled = 0
+    for n in numels:
+        if filled and filled + n >= bucket:
+            yield filled
+            filled = 0
+        filled += n
+    if filled:
+        yield filled

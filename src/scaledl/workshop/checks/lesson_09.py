@@ -45,17 +45,22 @@ def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
                           "optimizer states, then gradients, then parameters")
 
 
-def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
-    """`engine_bytes_per_rank(num_params, world_size, stage)` for lesson 9's live engine: fp32
-    parameters and gradients (4 + 4 bytes), SGD's momentum (4), and from stage 1 on DeepSpeed's
-    fp32 master copy of the rank's partition (4 more).  Checked part by part on a parameter count
-    that `world_size` does not divide (DeepSpeed pads partitions: rounding either way passes)."""
-    from scaledl import zero_memory
+# After backward, before the optimizer step, where `zero_memory.measure` counts: stages 1 and 2 have both reduced the
+# gradients by then and keep only their own part (stage 1 held them all during backward).
+_AFTER_BACKWARD = {0: (), 1: ("optimizer", "grads"), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
 
+
+def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
+    """`engine_bytes_per_rank(num_params, world_size, stage)` for lesson 9's live engine, counted after
+    backward and before the optimizer step: fp32 parameters and gradients (4 + 4 bytes), SGD's momentum
+    (4), and from stage 1 on DeepSpeed's fp32 master copy of the rank's partition (4 more); from stage 1
+    on, each rank keeps only its part of the reduced gradients.  Checked part by part on a parameter
+    count that `world_size` does not divide (DeepSpeed pads partitions: rounding either way passes)."""
     if engine_bytes_per_rank is None:
         return _unfinished("engine_bytes_per_rank")
     num_params = 206_922  # the CNN's
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-4)  # noqa: E731
+    shard = num_params / world_size
     for stage in range(4):
         try:
             got = engine_bytes_per_rank(num_params, world_size, stage)
@@ -63,15 +68,20 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
             return _verdict(False, "engine_bytes_per_rank still raises NotImplementedError: finish the exercise cell")
         if not isinstance(got, dict) or set(got) < {"params", "grads", "optimizer"}:
             return _verdict(False, "return a dict with the bytes of \"params\", \"grads\" and \"optimizer\"")
-        want = zero_memory.predict(num_params, world_size, stage)
-        shard = num_params / world_size
+        parted = _AFTER_BACKWARD[stage]
+        want = {key: (4 if key != "optimizer" or stage == 0 else 8) * (shard if key in parted else num_params)
+                for key in ("params", "grads", "optimizer")}
         for key in ("params", "grads", "optimizer"):
             if close(got[key], want[key]):
                 continue
-            full = num_params if key not in _PARTITIONED[stage] else shard
+            full = num_params if key not in parted else shard
             if key in ("params", "grads") and close(got[key], 2 * full):
                 return _verdict(False, f"stage {stage}: {_NAMES[key]} at 2 bytes: this engine trains in fp32, 4 bytes "
                                        "per parameter (the paper's 2 are fp16)")
+            if key == "grads" and stage == 1 and close(got[key], 4 * num_params):
+                return _verdict(False, "stage 1: the count is taken after backward, when stage 1 has reduced the "
+                                       "gradients and kept only this rank's part: divide them by world_size (during "
+                                       "backward it holds them all, the paper's count)")
             if key == "optimizer" and stage == 0 and close(got[key], 8 * num_params):
                 return _verdict(False, "stage 0: the engine steps your own optimizer as it is, momentum only: "
                                        "DeepSpeed keeps no copy of the weights below stage 1")
@@ -84,17 +94,18 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
             if key == "optimizer" and close(got[key], 12 * full):
                 return _verdict(False, f"stage {stage}: 12 bytes of optimizer state is Adam's: this engine runs SGD "
                                        "with momentum")
-            if key in _PARTITIONED[stage] and close(got[key], want[key] * world_size):
-                return _verdict(False, f"stage {stage}: {_NAMES[key]} are partitioned from stage "
-                                       f"{min(s for s in _PARTITIONED if key in _PARTITIONED[s])} on: divide them "
-                                       "by world_size")
-            if key not in _PARTITIONED[stage] and close(got[key] * world_size, want[key]):
-                kept = ", ".join(_NAMES[k] for k in _PARTITIONED[stage]) or "nothing"
+            if key in parted and close(got[key], want[key] * world_size):
+                first = min(s for s in _AFTER_BACKWARD if key in _AFTER_BACKWARD[s])
+                return _verdict(False, f"stage {stage}: after backward the {_NAMES[key]} are partitioned from stage "
+                                       f"{first} on: divide them by world_size")
+            if key not in parted and close(got[key] * world_size, want[key]):
+                kept = ", ".join(_NAMES[k] for k in parted) or "nothing"
                 return _verdict(False, f"stage {stage}: every rank still holds all the {_NAMES[key]}: stage {stage} "
                                        f"partitions only {kept}")
             return _verdict(False, f"stage {stage}: {_NAMES[key]} {got[key]:,.0f} bytes, expected {want[key]:,.0f}")
-    return _verdict(True, "the live engine's four stages, part by part: fp32 weights, gradients and momentum, and "
-                          "from stage 1 the fp32 copy of the rank's partition")
+    return _verdict(True, "the live engine's four stages after backward, part by part: fp32 weights, gradients and "
+                          "momentum, from stage 1 the fp32 copy of the rank's partition and only its part of the "
+                          "reduced gradients")
 
 
 
