@@ -46,3 +46,16 @@ def tf_variables(variables) -> list:
     with no `assign` (horovod/tensorflow/functions.py).  Gradients come back in the same order, so
     they apply to the Keras variables as they are."""
     return [v if hasattr(v, "ref") else v.value for v in variables]
+
+
+def horovod_variables(model, optimizer) -> tuple[list, list, list]:
+    """The three lists of variables a Horovod TensorFlow step hands to Horovod, in the form it takes them.
+
+    Returns `(trainable_variables, model_variables, optimizer_variables)`: the model's trainable
+    variables (for `hvd.DistributedGradientTape(...).gradient`), all of its variables and the
+    optimizer's (momentum slots and step counter; for `hvd.broadcast_variables`).  Each is
+    `tf_variables` of Keras' list: on Keras 2 the very objects Keras lists, on Keras 3 the
+    tf.Variable inside each Keras weight.  A Keras optimizer makes its slots in its first
+    `apply_gradients` (or `optimizer.build`): call this after that, or the optimizer's list lacks them."""
+    return (tf_variables(model.trainable_variables), tf_variables(model.variables),
+            tf_variables(optimizer.variables))

@@ -120,8 +120,9 @@ class System:
 # links of 25 GB/s each way; ALCF's table puts the figure in its column of node totals), and the
 # affinity table shows NV4 between every pair: a ring's edge (one pair) carries 4 x 25 GB/s each way.
 # Between nodes, "a pair of Slingshot 11 network adapters" (the overview as it reads now; its 2022
-# text said Slingshot 10, to be upgraded); a Slingshot 11 port runs at 200 Gb/s = 25 GB/s
-# (alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node injects 2 x 25 GB/s.
+# text said Slingshot 10, to be upgraded); a Slingshot 11 port runs at 200 Gb/s = 25 GB/s (the
+# switch's port speed, as ALCF's Aurora interconnect page gives it for the same Slingshot 11 hardware,
+# alcf.anl.gov/support-center/aurora/interconnect: "64 200 Gbps ports"), so a node injects 2 x 25 GB/s.
 # Nominal peaks, not measured; the alphas are nominal too (order of an NCCL
 # ring step on NVLink and of a Slingshot MPI latency), so replace both with a `scaledl bench comm`
 # fit taken on the nodes when you have one.

@@ -12,16 +12,60 @@ from scaledl.workshop.checks import lesson_02
 # ---------------------------------------------------------------- lesson 2
 
 def honest(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    """The lesson's solution: the losses kept, and read once the clock is read."""
     import time
 
     for _ in range(warmup_steps):
         step()
     synchronize()
     start = time.perf_counter()
-    for _ in range(num_steps):
+    losses = [step() for _ in range(num_steps)]
+    synchronize()
+    seconds = time.perf_counter() - start
+    return num_steps * batch_size / seconds, sum(loss.item() for loss in losses) / num_steps
+
+
+def accumulated_on_the_device(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    """Unusual but right: the losses summed as they come (on the device, as the rungs' metrics do), one read."""
+    import time
+
+    for _ in range(warmup_steps):
         step()
     synchronize()
-    return num_steps * batch_size / (time.perf_counter() - start)
+    start, total = time.perf_counter(), 0
+    for _ in range(num_steps):
+        total = total + step()
+    mean = (total / num_steps).item()  # waits for the last step: a synchronize in all but name
+    return num_steps * batch_size / (time.perf_counter() - start), mean
+
+
+def item_every_step(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    start, total = time.perf_counter(), 0.0
+    for _ in range(num_steps):
+        total += step().item()  # waits for the device every step
+    synchronize()
+    return num_steps * batch_size / (time.perf_counter() - start), total / num_steps
+
+
+def synchronized_every_step(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+    """A wall clock, the device waited for after every step, the mean step time."""
+    import time
+
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    times, losses = [], []
+    for _ in range(num_steps):
+        started = time.time()
+        losses.append(step())
+        synchronize()
+        times.append(time.time() - started)
+    return batch_size / (sum(times) / len(times)), sum(loss.item() for loss in losses) / num_steps
 
 
 def no_synchronize(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
@@ -30,9 +74,9 @@ def no_synchronize(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
     for _ in range(warmup_steps):
         step()
     start = time.perf_counter()
-    for _ in range(num_steps):
-        step()
-    return num_steps * batch_size / (time.perf_counter() - start)  # reads the clock while the device works
+    losses = [step() for _ in range(num_steps)]
+    rate = num_steps * batch_size / (time.perf_counter() - start)  # reads the clock while the device works
+    return rate, sum(loss.item() for loss in losses) / num_steps
 
 
 def warmup_timed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
@@ -40,80 +84,53 @@ def warmup_timed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
 
     synchronize()
     start = time.perf_counter()
-    for _ in range(warmup_steps + num_steps):
-        step()
+    losses = [step() for _ in range(warmup_steps + num_steps)]
     synchronize()
-    return (warmup_steps + num_steps) * batch_size / (time.perf_counter() - start)
+    rate = (warmup_steps + num_steps) * batch_size / (time.perf_counter() - start)
+    return rate, sum(loss.item() for loss in losses[warmup_steps:]) / num_steps
 
 
-def one_step_too_many_counted(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
-    import time
+def counted(extra_steps: int = 0, returns=None, loss_of=None):
+    """The solution with one thing changed: samples of num_steps + extra_steps counted, or what is returned."""
+    def samples_per_s(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
+        import time
 
-    for _ in range(warmup_steps):
-        step()
-    synchronize()
-    start = time.perf_counter()
-    for _ in range(num_steps):
-        step()
-    synchronize()
-    return (num_steps + 1) * batch_size / (time.perf_counter() - start)
-
-
-def last_step_untimed(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
-    import time
-
-    for _ in range(warmup_steps):
-        step()
-    synchronize()
-    for index in range(num_steps):
-        if index == 1:
-            start = time.perf_counter()  # the clock starts a step late
-        step()
+        warm = [step() for _ in range(warmup_steps)]
         synchronize()
-    return num_steps * batch_size / (time.perf_counter() - start)
-
-
-def returns_seconds(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
-    import time
-
-    for _ in range(warmup_steps):
-        step()
-    synchronize()
-    start = time.perf_counter()
-    for _ in range(num_steps):
-        step()
-    synchronize()
-    return time.perf_counter() - start
-
-
-def per_step_mean(step, batch_size, synchronize, num_steps=20, warmup_steps=3):
-    """Unusual but right: a wall clock, the device waited for after every step, the mean step time."""
-    import time
-
-    for _ in range(warmup_steps):
-        step()
-    synchronize()
-    times = []
-    for _ in range(num_steps):
-        started = time.time()
-        step()
+        start = time.perf_counter()
+        losses = [step() for _ in range(num_steps)]
         synchronize()
-        times.append(time.time() - started)
-    return batch_size / (sum(times) / len(times))
+        seconds = time.perf_counter() - start
+        rate = (num_steps + extra_steps) * batch_size / seconds
+        loss = loss_of(warm, losses) if loss_of else sum(loss.item() for loss in losses) / num_steps
+        return returns(rate, seconds, loss) if returns else (rate, loss)
+    return samples_per_s
 
 
 @pytest.mark.serial  # the simulated device runs in real seconds: a busy core beside it blurs the 10% tolerance
 def test_samples_per_s_on_a_simulated_device(capsys):
     assert checks.check_samples_per_s(honest)
+    assert "losses read without stopping the host" in verdict(capsys)
+    assert checks.check_samples_per_s(accumulated_on_the_device)
     verdict(capsys)
-    assert checks.check_samples_per_s(per_step_mean)
-    verdict(capsys)
+    fails(capsys, checks.check_samples_per_s(item_every_step), "waited for the device 4 times", "read them after")
+    fails(capsys, checks.check_samples_per_s(synchronized_every_step), "waited for the device")
     fails(capsys, checks.check_samples_per_s(no_synchronize), "synchronize before reading it")
     fails(capsys, checks.check_samples_per_s(warmup_timed), "slow first steps are in the timing")
-    fails(capsys, checks.check_samples_per_s(one_step_too_many_counted), "one step off")
-    fails(capsys, checks.check_samples_per_s(last_step_untimed), "one step off")
-    fails(capsys, checks.check_samples_per_s(returns_seconds), "looks like seconds")
-    fails(capsys, checks.check_samples_per_s(lambda step, *args, **kwargs: [step() for _ in range(40)] and 1e4),
+    fails(capsys, checks.check_samples_per_s(counted(1)), "one step off")
+    fails(capsys, checks.check_samples_per_s(counted(-1)), "one step off")
+    fails(capsys, checks.check_samples_per_s(counted(returns=lambda rate, seconds, loss: (seconds, loss))),
+          "looks like seconds")
+    fails(capsys, checks.check_samples_per_s(counted(returns=lambda rate, seconds, loss: rate)), "two numbers")
+    fails(capsys, checks.check_samples_per_s(counted(returns=lambda rate, seconds, loss: (loss, rate))),
+          "samples per second first")
+    fails(capsys, checks.check_samples_per_s(counted(loss_of=lambda warm, timed: sum(
+        loss.item() for loss in warm + timed) / len(warm + timed))), "warm-up steps' losses")
+    fails(capsys, checks.check_samples_per_s(counted(loss_of=lambda warm, timed: timed[-1].item())),
+          "last step's loss")
+    fails(capsys, checks.check_samples_per_s(counted(loss_of=lambda warm, timed: sum(timed).mean())),
+          "raised AttributeError", ".item()")
+    fails(capsys, checks.check_samples_per_s(lambda step, *args, **kwargs: [step() for _ in range(40)] and (1e4, 1.0)),
           "it ran 40 steps")
     fails(capsys, checks.check_samples_per_s(untouched), "NotImplementedError")
     fails(capsys, checks.check_samples_per_s(None), "not set")

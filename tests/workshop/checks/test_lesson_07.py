@@ -46,8 +46,22 @@ def test_warmup_check(capsys):
                               scale_lr=True, warmup_steps=warmup_steps)
 
     def interpolated(step, lr, global_batch_size, base_batch_size, warmup_steps):  # unusual but right
-        k = global_batch_size / base_batch_size
-        return float(np.interp(step, [0, warmup_steps], [lr, lr * k]))
+        target = lr * global_batch_size / base_batch_size
+        return float(np.interp(step, [0, warmup_steps], [min(lr, target), target])) if warmup_steps else target
+
+    def ramps_down(step, lr, global_batch_size, base_batch_size, warmup_steps):  # from lr even when k < 1
+        target = lr * global_batch_size / base_batch_size
+        return target if step >= warmup_steps else lr + (target - lr) * step / warmup_steps
+
+    def divides_first(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        target = lr * global_batch_size / base_batch_size
+        start = min(lr, target)
+        return start + (target - start) * min(1.0, step / warmup_steps)
+
+    def zero_means_unscaled(step, lr, global_batch_size, base_batch_size, warmup_steps):
+        if warmup_steps == 0:
+            return lr
+        return ramps_down(step, lr, global_batch_size, base_batch_size, warmup_steps)
 
     def no_warmup(step, lr, global_batch_size, base_batch_size, warmup_steps):
         return lr * global_batch_size / base_batch_size
@@ -81,6 +95,9 @@ def test_warmup_check(capsys):
     fails(capsys, checks.check_warmup(not_scaled), "never grows with the batch")
     fails(capsys, checks.check_warmup(one_step_ahead), "one step off")
     fails(capsys, checks.check_warmup(integer_factor), "96 / 64 is 1.5", "integer division")
+    fails(capsys, checks.check_warmup(divides_first), "ZeroDivisionError", "warm-up of 0 steps", "means none")
+    fails(capsys, checks.check_warmup(zero_means_unscaled), "warm-up 0 steps", "means none")
+    fails(capsys, checks.check_warmup(ramps_down), "global batch 16", "never starts above its target")
     fails(capsys, checks.check_warmup(untouched), "NotImplementedError")
 
 

@@ -11,42 +11,116 @@ from scaledl.workshop.checks.common import _unfinished, _verdict
 SimulatedDevice = async_timeline.SimulatedDevice
 
 
+class _Loss:
+    """A step's loss still on the simulated device, as a CUDA tensor's is: `item()` (or `float()`) waits
+    until the device has run the step(s) it comes from, then gives the number; `+` and `/` make another
+    such loss without waiting, as adding tensors on a GPU queues one more kernel."""
+
+    def __init__(self, device: "_LossDevice", ready_at: float, value: float):
+        self._device, self._ready_at, self._value = device, ready_at, value
+
+    def item(self) -> float:
+        self._device.wait_until(self._ready_at)
+        return self._value
+
+    __float__ = item
+
+    def __add__(self, other):
+        if isinstance(other, _Loss):
+            return _Loss(self._device, max(self._ready_at, other._ready_at), self._value + other._value)
+        return _Loss(self._device, self._ready_at, self._value + float(other))
+
+    __radd__ = __add__
+
+    def __truediv__(self, number):
+        return _Loss(self._device, self._ready_at, self._value / float(number))
+
+
+class _LossDevice(SimulatedDevice):
+    """The simulated GPU whose `step()` returns that step's loss (step i's is 1/i), kept on the device."""
+
+    def step(self) -> _Loss:
+        super().step()
+        return _Loss(self, self.log[-1].device_end, 1.0 / self.steps)
+
+    def wait_until(self, moment: float) -> None:
+        wait = moment - self._now()
+        if wait > 0:
+            self._sleep(wait)
+
+    def waits_between(self, first: int, last: int) -> int:
+        """How many times the host waited for a step to finish before launching the next, among steps
+        first..last (0-based): each such wait costs the host its running ahead."""
+        return sum(self.log[k + 1].host_start >= self.log[k].device_end - 0.005 for k in range(first, last))
+
+
 def check_samples_per_s(samples_per_s, batch_size: int = 64, num_steps: int = 5, warmup_steps: int = 3) -> bool:
-    """Run the learner's `samples_per_s(step, batch_size, synchronize, num_steps, warmup_steps)`
-    on a simulated device whose true rate is known.  Few timed steps of 40 ms each: one step
-    too many or too few counted is 17 to 25% off, the noise of sleeping a few percent."""
+    """Run the learner's `samples_per_s(step, batch_size, synchronize, num_steps, warmup_steps)`, which
+    returns (samples per second, the timed steps' mean loss), on a simulated device whose true rate is
+    known.  Few timed steps of 40 ms each: one step too many or too few counted is 17 to 25% off, the
+    noise of sleeping a few percent.  A host that waits for the device between timed steps (a loss read
+    in the loop) is told from the device's log, not from the time."""
     if samples_per_s is None:
         return _unfinished("samples_per_s")
-    device = SimulatedDevice(step_s=0.04, warmup_steps=2, warmup_s=0.15)
+    device = _LossDevice(step_s=0.04, warmup_steps=2, warmup_s=0.15)
     try:
         got = samples_per_s(device.step, batch_size, device.synchronize, num_steps=num_steps,
                             warmup_steps=warmup_steps)
     except NotImplementedError:
         return _verdict(False, "samples_per_s still raises NotImplementedError: finish the exercise cell")
+    except Exception as error:  # a learner's error, reported in one line
+        return _verdict(False, f"samples_per_s raised {type(error).__name__}: {(str(error).splitlines() or [''])[0]} "
+                               "(the check's losses, like a tensor on a GPU, take .item(), + and /)")
     want = batch_size / device.step_s
     if device.steps != num_steps + warmup_steps:
         return _verdict(False, f"it ran {device.steps} steps for warmup_steps={warmup_steps} and "
                                f"num_steps={num_steps}: run the warm-up steps, then exactly num_steps timed ones")
-    if not isinstance(got, (int, float)) or not got > 0:
-        return _verdict(False, f"it returned {got!r}: return samples per second, a positive number")
-    if any(math.isclose(got, seconds, rel_tol=0.15) for seconds in (num_steps * device.step_s, device.step_s)):
-        return _verdict(False, f"{got:.3g} looks like seconds: return samples per second")
-    if got > 3 * want:
-        return _verdict(False, f"{got:,.0f} samples/s, faster than the device can go ({want:,.0f}): the clock "
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return _verdict(False, f"it returned {got!r}: return two numbers, the samples per second and the mean loss "
+                               "of the timed steps")
+    rate, loss = got
+    if isinstance(loss, _Loss):
+        loss = loss.item()
+    if not isinstance(rate, (int, float)) or not rate > 0:
+        return _verdict(False, f"it returned {rate!r} as samples per second: return a positive number first")
+    if rate < 5 and isinstance(loss, (int, float)) and loss > 5:
+        return _verdict(False, f"it returned ({rate:.3g}, {loss:.3g}): the samples per second first, then the loss")
+    waits = device.waits_between(warmup_steps, warmup_steps + num_steps - 1)
+    if waits:
+        return _verdict(False, f"the host waited for the device {waits} times between timed steps: a loss's .item() "
+                               "(or a synchronize) in the loop stops the host from running ahead, as training lets "
+                               "it, so the clock times another loop: keep the losses, read them after the clock")
+    if any(math.isclose(rate, seconds, rel_tol=0.15) for seconds in (num_steps * device.step_s, device.step_s)):
+        return _verdict(False, f"{rate:.3g} looks like seconds: return samples per second")
+    if rate > 3 * want:
+        return _verdict(False, f"{rate:,.0f} samples/s, faster than the device can go ({want:,.0f}): the clock "
                                "stopped before the queued work finished: synchronize before reading it")
-    if got < 0.7 * want:
-        return _verdict(False, f"{got:,.0f} samples/s, well below the steady {want:,.0f}: the slow first steps are "
+    if rate < 0.7 * want:
+        return _verdict(False, f"{rate:,.0f} samples/s, well below the steady {want:,.0f}: the slow first steps are "
                                "in the timing: start the clock after the warm-up (and synchronize there too)")
     # One step off, either way: n +- 1 steps' samples over n timed, or n over n +- 1 timed.
-    if any(abs(got / want - ratio) < 0.05 for ratio in ((num_steps - 1) / num_steps, (num_steps + 1) / num_steps,
-                                                          num_steps / (num_steps - 1), num_steps / (num_steps + 1))):
-        return _verdict(False, f"{got:,.0f} samples/s, {got / want:.0%} of the true {want:,.0f}: one step off: the "
+    if any(abs(rate / want - ratio) < 0.05 for ratio in ((num_steps - 1) / num_steps, (num_steps + 1) / num_steps,
+                                                           num_steps / (num_steps - 1), num_steps / (num_steps + 1))):
+        return _verdict(False, f"{rate:,.0f} samples/s, {rate / want:.0%} of the true {want:,.0f}: one step off: the "
                                f"clock must cover exactly the {num_steps} timed steps, and count their samples")
-    if not 0.9 < got / want < 1.1:
-        return _verdict(False, f"{got:,.0f} samples/s, expected {want:,.0f}: count only the samples of the timed "
+    if not 0.9 < rate / want < 1.1:
+        return _verdict(False, f"{rate:,.0f} samples/s, expected {want:,.0f}: count only the samples of the timed "
                                "steps, and stop the clock after the device has finished them")
+    losses = [1.0 / step for step in range(1, warmup_steps + num_steps + 1)]
+    mean = sum(losses[warmup_steps:]) / num_steps
+    try:
+        loss = float(loss)
+    except (TypeError, ValueError):
+        return _verdict(False, f"it returned {loss!r} as the loss: return the timed steps' mean loss, a number")
+    if not math.isclose(loss, mean, rel_tol=1e-6):
+        slips = [(sum(losses) / len(losses), "the warm-up steps' losses are in it: average the timed steps' only"),
+                 (losses[-1], "that is the last step's loss: average all the timed steps'"),
+                 (sum(losses[warmup_steps:]), "that is the sum: divide by the number of timed steps")]
+        hint = next((message for value, message in slips if math.isclose(loss, value, rel_tol=1e-6)),
+                    "average the losses of the timed steps")
+        return _verdict(False, f"the mean loss {loss:.4g}, expected {mean:.4g}: {hint}")
     return _verdict(True, "within 10% of the simulated device's true rate: warm-up left out, the device "
-                          "synchronized before each clock reading")
+                          "synchronized before each clock reading, and the losses read without stopping the host")
 
 
 # (launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize): GPU-bound and launch-bound,

@@ -60,7 +60,11 @@ def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps
 
     Checked on a batch the base does not divide (k = 1.5, where integer division gives 1), on a
     batch equal to the base (k = 1: nothing to ramp), and on a warm-up of 7 steps, where a ramp
-    one step ahead or behind is off by 1/7 of the way."""
+    one step ahead or behind is off by 1/7 of the way.  Then two edge cases: no warm-up at all
+    (warmup_steps = 0, `--warmup-epochs 0`: the scaled lr from step 0, no division by zero), and a
+    global batch smaller than the base (k = 1/4), where the scaled lr is below lr and the rungs'
+    schedule starts at the lower of the two (`scaledl.schedule.lr_at`): a warm-up never starts
+    above its target."""
     from scaledl import schedule
 
     if lr_at is None:
@@ -68,6 +72,8 @@ def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps
     cases = [(global_batch_size, warmup, step)
              for global_batch_size, warmup in ((256, warmup_steps), (96, 7), (base_batch_size, warmup_steps))
              for step in (5 * warmup, warmup, 0, warmup // 2, warmup - 1)]  # the target first, then the ramp
+    cases += [(256, 0, 0), (256, 0, 5),  # no warm-up: the scaled lr from the first step
+              (base_batch_size // 4, 7, 0), (base_batch_size // 4, 7, 3), (base_batch_size // 4, 7, 7)]  # k < 1
     for global_batch_size, warmup, step in cases:
         def expected(at: int, batch: float = global_batch_size) -> float:
             return schedule.lr_at(at, lr=lr, global_batch_size=batch, base_batch_size=base_batch_size,
@@ -79,15 +85,23 @@ def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps
         except NotImplementedError:
             return _verdict(False, "lr_at still raises NotImplementedError: finish the exercise cell")
         except Exception as error:  # a learner's error, in one line
+            fix = (": a warm-up of 0 steps (--warmup-epochs 0) means none: the scaled lr from step 0"
+                   if warmup == 0 and isinstance(error, ZeroDivisionError) else "")
             return _verdict(False, f"lr_at({step}, {lr}, {global_batch_size}, {base_batch_size}, {warmup}) raised "
-                                   f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}")
+                                   f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}{fix}")
         if isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=1e-6):
             continue
         if not isinstance(got, (int, float)):
             return _verdict(False, f"lr_at returned {got!r}: return the learning rate, a number")
         k = global_batch_size / base_batch_size
         integer_k = global_batch_size // base_batch_size
-        if integer_k != k and math.isclose(got, expected(step, integer_k * base_batch_size)):
+        if k < 1 and step < warmup and math.isclose(got, lr + (lr * k - lr) * step / warmup):
+            hint = (f"the global batch is smaller than the base batch, so the scaled lr ({lr * k:.4g}) is below "
+                    f"lr: a warm-up keeps the first steps low and never starts above its target: start at the "
+                    "lower of the two")
+        elif warmup == 0 and math.isclose(got, lr) and k != 1:
+            hint = "a warm-up of 0 steps (--warmup-epochs 0) means none: the scaled lr from step 0"
+        elif integer_k != k and math.isclose(got, expected(step, integer_k * base_batch_size)):
             hint = f"{global_batch_size} / {base_batch_size} is {k:g}: integer division dropped the fraction"
         elif step >= warmup and math.isclose(got, lr * math.sqrt(k)):
             hint = "that is square-root scaling: the linear rule multiplies lr by global / base batch"
@@ -103,7 +117,8 @@ def check_warmup(lr_at, lr: float = 0.1, base_batch_size: int = 64, warmup_steps
             hint = "a straight line from lr at step 0 to the scaled lr at step warmup_steps, then the scaled lr"
         return _verdict(False, f"global batch {global_batch_size}, warm-up {warmup} steps, step {step}: "
                                f"lr {got:.4g}, expected {want:.4g}: {hint}")
-    return _verdict(True, "lr ramps linearly from the base lr to lr x global/base batch, then stays there")
+    return _verdict(True, "lr ramps linearly from the base lr up to lr x global/base batch, then stays there (at "
+                          "once with a warm-up of 0 steps; never above the target when the batch is below the base)")
 
 
 # (1-rank step, gradient bytes, ranks, alpha, bandwidth, strong): this lesson's CPU link and 2 ranks; a
