@@ -162,11 +162,6 @@ _UNEQUAL_STAGES = [((0.84, 0.09), (0.64, 0.22), 4), ((0.84, 0.09), (0.64, 0.22),
                    ((0.2, 0.6, 0.1), (0.3, 1.2, 0.2), 8)]
 
 
-def _one_slowest(forward_s, backward_s) -> bool:
-    slowest = max(range(len(forward_s)), key=lambda s: forward_s[s] + backward_s[s])
-    return forward_s[slowest] == max(forward_s) and backward_s[slowest] == max(backward_s)
-
-
 def check_bubble(bubble, forward_s, backward_s, microbatches: int) -> bool:
     """`bubble(forward_s, backward_s, microbatches)`: the idle fraction of one GPipe step for stages of any
     cost where one stage is the slowest both forward and backward, checked against the schedule
@@ -213,10 +208,9 @@ def check_bubble(bubble, forward_s, backward_s, microbatches: int) -> bool:
                                "every other stage, which it waits for")
     stages = len(forward_s)
     formula = (stages - 1) / (microbatches + stages - 1)
-    yours, drawn = float(bubble(list(forward_s), list(backward_s), microbatches)), _gpipe_bubble(
-        forward_s, backward_s, microbatches)
-    measured = (f"for the measured stages yours gives {yours:.0%}, as drawn" if _one_slowest(forward_s, backward_s)
-                else f"the measured stages have no one stage slowest both ways, so yours ({yours:.0%}) only "
-                     f"approximates the drawing's {drawn:.0%}")
-    return _verdict(True, f"your bubble matches the schedule on equal and unequal stages; {measured}, against the "
-                          f"equal-stage formula's {formula:.0%}: the slowest stage sets the pace")
+    # The verdict line stays the same on every run (a notebook compares it): the measured stages' bubble,
+    # which moves from run to run, is the next cell's to print.
+    float(bubble(list(forward_s), list(backward_s), microbatches))  # runs on the measured stages too
+    return _verdict(True, "your bubble matches the schedule on equal and unequal stages: the slowest stage sets the "
+                          f"pace, and with unequal stages the bubble is more than the equal-stage formula's "
+                          f"{formula:.0%}")
