@@ -31,6 +31,21 @@ def _to_class(ok: bool, message: str) -> None:
 _LESSON_MODULES = "scaledl.workshop.checks.lesson_"
 
 
+_FAILED = object()  # what `_attempt` returns once it has printed the case's FAIL line
+
+
+def _attempt(name: str, where: str, call):
+    """`call()`, the learner's function `name` on one case (`where` says which), or _FAILED after the
+    one-line FAIL verdict: still unfinished, or the learner's error, its type and first line."""
+    try:
+        return call()
+    except NotImplementedError:
+        _verdict(False, f"{name} still raises NotImplementedError: finish the exercise cell")
+    except Exception as error:  # a learner's error, reported in one line
+        _verdict(False, f"{where}: {name} raised {type(error).__name__}: {(str(error).splitlines() or [''])[0]}")
+    return _FAILED
+
+
 def _unfinished(name: str) -> bool:
     return _verdict(False, f"`{name}` is not set: finish the exercise cell above and run it")
 

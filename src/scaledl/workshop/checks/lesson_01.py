@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 
 def check_training_memory(memory, num_params: int) -> bool:
@@ -123,13 +123,9 @@ def check_parallelism_choice(choose) -> bool:
     for num_params, activations, device, world_size in _PARALLELISM_CASES:
         case = (f"{num_params / 1e9:g}B parameters, {activations / 1e9:g} GB of activations, {world_size} GPUs of "
                 f"{device / 1e9:g} GB")
-        try:
-            got = choose(num_params, activations, device, world_size)
-        except NotImplementedError:
-            return _verdict(False, "choose still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{case}: choose raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
+        got = _attempt("choose", case, lambda: choose(num_params, activations, device, world_size))
+        if got is _FAILED:
+            return False
         answer = PARALLELISM_ANSWERS.get(str(got).strip().lower())
         if answer is None:
             return _verdict(False, f"{case}: choose returned {got!r}: return \"data\", \"sharded\" or \"model\"")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from scaledl.workshop import async_timeline
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 # The device that check_samples_per_s times, in real time, and that lesson 2's figure and
 # check_stopwatch_prediction run in simulated time: one model of the queue for all three.
@@ -174,6 +174,14 @@ def _stopwatch_slips(launch_s, device_s, batch_size, num_steps, warmup_steps, sy
     return slips
 
 
+def _number(raw) -> float:
+    """A learner's returned value as a float, NaN where it is none (a bool, a string, None)."""
+    try:
+        return math.nan if isinstance(raw, bool) else float(raw)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def check_stopwatch_prediction(predict) -> bool:
     """`predict(launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize) -> samples/s`,
     what lesson 2's stopwatch reads on a device that queues work, against the reading of that
@@ -184,17 +192,10 @@ def check_stopwatch_prediction(predict) -> bool:
         launch_s, device_s, batch_size, num_steps, warmup_steps, synchronize = case
         where = (f"launch {launch_s * 1e3:g} ms, device {device_s * 1e3:g} ms, {num_steps} steps of {batch_size} "
                  f"after {warmup_steps} warm-up, synchronize={synchronize}")
-        try:
-            raw = predict(*case)
-        except NotImplementedError:
-            return _verdict(False, "stopwatch_reads still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{where}: stopwatch_reads raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
-        try:
-            got = math.nan if isinstance(raw, bool) else float(raw)
-        except (TypeError, ValueError):
-            got = math.nan
+        raw = _attempt("stopwatch_reads", where, lambda: predict(*case))
+        if raw is _FAILED:
+            return False
+        got = _number(raw)
         if not 0 < got < math.inf:
             return _verdict(False, f"{where}: it returned {raw!r}: return samples per second, a positive number")
         reading = async_timeline.stopwatch(launch_s, device_s, num_steps, warmup_steps=warmup_steps)
@@ -230,17 +231,10 @@ def check_step_prediction(predict) -> bool:
     for flops, batch_size, new_batch_size, throughput in _STEP_CASES:
         where = (f"{flops / 1e9:g} GFLOP at batch {batch_size}, predicted at batch {new_batch_size}, "
                  f"{throughput / 1e9:g} GFLOP/s")
-        try:
-            raw = predict(flops, batch_size, new_batch_size, throughput)
-        except NotImplementedError:
-            return _verdict(False, "predict_step_s still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{where}: predict_step_s raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
-        try:
-            got = math.nan if isinstance(raw, bool) else float(raw)
-        except (TypeError, ValueError):
-            got = math.nan
+        raw = _attempt("predict_step_s", where, lambda: predict(flops, batch_size, new_batch_size, throughput))
+        if raw is _FAILED:
+            return False
+        got = _number(raw)
         if not 0 < got < math.inf:
             return _verdict(False, f"{where}: it returned {raw!r}: return seconds, a positive number")
         ratio = new_batch_size / batch_size

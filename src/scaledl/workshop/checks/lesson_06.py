@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 _IN_SYNC_FIXES = {
     "ddp": "wrap the model in DDP before the first step (it broadcasts rank 0's weights and averages gradients)",
@@ -45,13 +45,9 @@ def check_rank_device(rank_device) -> bool:
     if rank_device is None:
         return _unfinished("rank_device")
     for local_rank, visible, case, want in _RANK_DEVICE_CASES:
-        try:
-            got = rank_device(local_rank, visible)
-        except NotImplementedError:
-            return _verdict(False, "rank_device still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{case}: rank_device raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
+        got = _attempt("rank_device", case, lambda: rank_device(local_rank, visible))
+        if got is _FAILED:
+            return False
         try:
             device = torch.device(got)
         except (TypeError, RuntimeError):
@@ -190,13 +186,9 @@ def check_ddp_buckets(predict) -> bool:
         return _unfinished("predict_buckets")
     cases = _bucket_models()
     for case, model, bucket_cap_mb in cases:
-        try:
-            got = [list(bucket) for bucket in predict(model, bucket_cap_mb)]
-        except NotImplementedError:
-            return _verdict(False, "predict_buckets still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{case}: predict_buckets raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
+        got = _attempt("predict_buckets", case, lambda: [list(bucket) for bucket in predict(model, bucket_cap_mb)])
+        if got is _FAILED:
+            return False
         want = [bucket["names"] for bucket in comm_estimate.ddp_buckets(model, bucket_cap_mb)]
         if got == want:
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 # A second measurement the learner never sees: its baseline is 2 ranks, not 1, and its world
 # sizes are not all powers of two, so a formula that divides by the 1-rank rate, or by N where it
@@ -152,13 +152,10 @@ def check_predicted_efficiency(predicted_efficiency) -> bool:
         want = compute / (compute + comm)
         case = (f"{'strong' if strong else 'weak'} scaling, 1-rank step {step_s * 1e3:g} ms, {grad_bytes / 1e6:g} "
                 f"MB of gradients, {ranks} ranks, alpha {alpha * 1e6:g} us, {bandwidth / 1e9:g} GB/s")
-        try:
-            got = float(predicted_efficiency(step_s, grad_bytes, ranks, alpha, bandwidth, strong))  # 6th: strong?
-        except NotImplementedError:
-            return _verdict(False, "predicted_efficiency still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, in one line
-            return _verdict(False, f"{case}: predicted_efficiency raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
+        got = _attempt("predicted_efficiency", case,  # the 6th argument: strong scaling?
+                       lambda: float(predicted_efficiency(step_s, grad_bytes, ranks, alpha, bandwidth, strong)))
+        if got is _FAILED:
+            return False
         if math.isclose(got, want, rel_tol=1e-6):
             continue
         one_way = (ranks - 1) * alpha + (ranks - 1) / ranks * grad_bytes / bandwidth

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 from scaledl.workshop.checks.lesson_06 import check_in_sync  # noqa: F401  (lesson 8 checks the same sync)
 
 
@@ -113,13 +113,9 @@ def check_accumulation_plan(plan, measured: tuple | None = None) -> bool:
     cases = [*_PLAN_CASES, *([measured[:3]] if measured else [])]
     for micro_steps, accumulation, stage in cases:
         case = f"{micro_steps} micro steps, gradient_accumulation_steps {accumulation}, ZeRO stage {stage}"
-        try:
-            got = tuple(int(value) for value in plan(micro_steps, accumulation, stage))
-        except NotImplementedError:
-            return _verdict(False, "plan still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{case}: plan raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
+        got = _attempt("plan", case, lambda: tuple(int(value) for value in plan(micro_steps, accumulation, stage)))
+        if got is _FAILED:
+            return False
         want = accumulation_plan(micro_steps, accumulation, stage)
         if got == want:
             continue
@@ -215,13 +211,9 @@ def check_stage2_window(stage2_window, measured=None, numels: list | None = None
     for case_numels, accumulation, bucket in _STAGE2_CASES:
         case = (f"gradients of {', '.join(f'{n:,}' for n in case_numels)} elements, {accumulation} micro steps a "
                 f"window, reduce_bucket_size {bucket:,}")
-        try:
-            got = stage2_window(list(case_numels), accumulation, bucket)
-        except NotImplementedError:
-            return _verdict(False, "stage2_window still raises NotImplementedError: finish the exercise cell")
-        except Exception as error:  # a learner's error, in one line
-            return _verdict(False, f"{case}: stage2_window raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
+        got = _attempt("stage2_window", case, lambda: stage2_window(list(case_numels), accumulation, bucket))
+        if got is _FAILED:
+            return False
         if not isinstance(got, dict) or not {"all_reduces", "bytes"} <= set(got):
             return _verdict(False, "stage2_window returns a dict with two keys: "
                                    "{\"all_reduces\": ..., \"bytes\": ...}")
