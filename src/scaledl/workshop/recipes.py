@@ -37,10 +37,14 @@ def header(rung: str, system: str = SYSTEM) -> list[str]:
 
 def module_lines(rung: str, system: str = SYSTEM) -> list[str]:
     """The script's module set-up: its comments after the first, then its commands on one line."""
-    setup = jobs.RUNG_SETUP.get((system, rung), jobs.SETUP[system]).splitlines()
-    comments = [line for line in setup[1:] if line.startswith("#")]
-    commands = [line.strip() for line in setup if line.startswith(("    module ", "    conda "))]
-    return [*comments, "; ".join(commands)]
+    setup = jobs.RUNG_SETUP.get((system, rung), jobs.SETUP[system])
+    comments = [line for line in setup.splitlines()[1:] if line.startswith("#")]
+    return [*comments, _commands(setup)]
+
+
+def _commands(setup: str) -> str:
+    """A set-up block's module and conda commands, on one line."""
+    return "; ".join(line.strip() for line in setup.splitlines() if line.startswith(("    module ", "    conda ")))
 
 
 def venv_line(rung: str, system: str = SYSTEM) -> str:
@@ -83,12 +87,12 @@ def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> 
 
 def _own_modules(rung: str, system: str) -> bool:
     """Whether the rung's job loads other modules or another venv than lesson 0's."""
-    default = "; ".join(line.strip() for line in jobs.SETUP[system].splitlines()
-                        if line.startswith(("    module ", "    conda ")))
-    return module_lines(rung, system)[-1] != default or ".venv-tf" in jobs.RUNG_SETUP.get((system, rung), "")
+    return (module_lines(rung, system)[-1] != _commands(jobs.SETUP[system])
+            or ".venv-tf" in jobs.RUNG_SETUP.get((system, rung), ""))
 
 
 def _interactive(rung: str, system: str) -> str:
+    """`qsub -I` for one node of the rung's job: its allocation and file systems, the debug queue, an hour."""
     directives = dict(line.split(" ", 2)[1:] for line in header(rung, system) if not line.startswith("#PBS -l "))
     limits = [line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -l ")]
     select = next(limit for limit in limits if limit.startswith("select="))
@@ -108,13 +112,8 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
     target = [*the_job.target, *flags]
     lines = []
     if live_ranks:
-        directives = dict(line.split(" ", 2)[1:] for line in header(rung, system) if not line.startswith("#PBS -l "))
-        limits = [line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -l ")]
-        select = next(limit for limit in limits if limit.startswith("select="))
-        one_node = "select=1" + select[len(select.split(":")[0]):]
-        filesystems = next(limit for limit in limits if limit.startswith("filesystems="))
         lines += ["# This notebook's live ranks: an interactive job on one node (lesson 0 starts JupyterLab there)",
-                  f"qsub -I -A {directives['-A']} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}",
+                  _interactive(rung, system),
                   "# ... in it, engines.start(WORLD_SIZE) runs the engines as the rungs' ranks run (ipyparallel"
                   " adds --mpi and its cluster's profile and id: start them from the notebook, not by hand):",
                   launch_lines(live_ranks, live_ranks, ["ipyparallel.engine"], system)[-1],
