@@ -84,16 +84,27 @@ def learner(klass: Mapping, user: str | None = None) -> str:
 
 def from_env(env: Mapping[str, str] | None = None) -> Path | None:
     """The class directory that SCALEDL_CLASS_DIR names, checked (ClassError), or None when unset."""
+    joined = _from_env(env)
+    return joined[0] if joined else None
+
+
+def _from_env(env: Mapping[str, str] | None = None) -> tuple[Path, dict] | None:
+    """(the class directory SCALEDL_CLASS_DIR names, its class), checked; None when unset."""
     value = (os.environ if env is None else env).get(ENV, "")
     if not value.strip():
         return None
     folder = Path(value).expanduser()
-    read_class(folder)
+    klass = read_class(folder)
     for part in (VERDICTS, RUNS):
         if not os.access(folder / part, os.W_OK | os.X_OK):
             raise ClassError(f"{ENV}={value}: cannot write to {folder / part}: ask your instructor to make the class "
                              "directory writable for the class's group (`scaledl class init` does)")
-    return folder
+    return folder, klass
+
+
+def _joined(folder: Path | None) -> tuple[Path, dict] | None:
+    """(`folder`, its class), or SCALEDL_CLASS_DIR's when no folder is given; None without a class."""
+    return (Path(folder), read_class(folder)) if folder is not None else _from_env()
 
 
 def join(folder: str | os.PathLike) -> str:
@@ -102,11 +113,11 @@ def join(folder: str | os.PathLike) -> str:
     path = Path(folder).expanduser().resolve()
     os.environ[ENV] = str(path)
     try:
-        from_env()
+        _, klass = _from_env()
     except ClassError:
         del os.environ[ENV]
         raise
-    return learner(read_class(path))
+    return learner(klass)
 
 
 def _record(klass: Mapping, kind: str, **fields) -> dict:
@@ -116,10 +127,10 @@ def _record(klass: Mapping, kind: str, **fields) -> dict:
 
 def append_verdict(lesson: str, exercise: str, ok: bool, message: str, folder: Path | None = None) -> bool:
     """Append one check's verdict to this learner's file; False (and the class unchanged) without a class."""
-    folder = folder or from_env()
-    if folder is None:
+    joined = _joined(folder)
+    if joined is None:
         return False
-    klass = read_class(folder)
+    folder, klass = joined
     record = _record(klass, "verdict", lesson=lesson, exercise=exercise, verdict="PASS" if ok else "FAIL",
                      line=message)
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
@@ -136,10 +147,10 @@ def append_verdict(lesson: str, exercise: str, ok: bool, message: str, folder: P
 def write_run(summary: Mapping, folder: Path | None = None, **context) -> Path | None:
     """Write one rung run's summary (and `context`: nodes, batch sizes, ...) as a file of its own in
     runs/, complete before it appears there; None without a class."""
-    folder = folder or from_env()
-    if folder is None:
+    joined = _joined(folder)
+    if joined is None:
         return None
-    klass = read_class(folder)
+    folder, klass = joined
     record = _record(klass, "run", **context, summary=dict(summary))
     name = (f"{record['learner']}-{summary.get('rung', 'run')}-{summary.get('world_size', 0)}r-"
             f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(record['time']))}-{secrets.token_hex(3)}.json")
@@ -154,10 +165,10 @@ def assignment(folder: Path | None = None, user: str | None = None) -> dict | No
     """This learner's part of the class's curve (`scaledl class assign`): {learner, nodes, rung,
     run_flags}; None without a class or before the instructor assigned.  A learner the assignment
     does not list (joined later) gets a count from their pseudonym, the same every time."""
-    folder = folder or from_env()
-    if folder is None:
+    joined = _joined(folder)
+    if joined is None:
         return None
-    klass = read_class(folder)
+    folder, klass = joined
     try:
         plan = json.loads(Path(folder, ASSIGNMENTS).read_text())
     except FileNotFoundError:
