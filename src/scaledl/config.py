@@ -17,10 +17,13 @@ import sys
 from dataclasses import dataclass, field
 
 from scaledl.errors import CHECK_FLAGS_VAR, FlagsChecked, UserError
-from scaledl.models import MODELS, TRANSFORMER_DEFAULTS
+from scaledl.models import GPT_DEFAULT, GPT_PRESETS, MODELS, RECOMPUTE, TRANSFORMER_DEFAULTS
 
-DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic", "tokens")
-TRANSFORMER_FLAGS = tuple(TRANSFORMER_DEFAULTS)
+DATASETS = ("mnist-embedded", "mnist", "cifar10", "synthetic", "tokens", "text")
+TRANSFORMER_FLAGS = tuple(TRANSFORMER_DEFAULTS)  # the sizes: width, depth, heads, seq_len
+# Every flag about the model: a rung that trains the CNN only leaves them all out.
+MODEL_FLAGS = ("model", *TRANSFORMER_FLAGS, "preset", "recompute")
+MODEL_DATA = {"cnn": ("mnist-embedded", "mnist", "cifar10", "synthetic"), "transformer": ("tokens",), "gpt": ("text",)}
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -46,7 +49,15 @@ class Config:
     precision: str = field(default="fp32", metadata={
         "flag": "--precision", "help": "fp32, bf16, or fp16 with loss scaling", "choices": PRECISIONS})
     model: str = field(default="cnn", metadata={
-        "flag": "--model", "help": "cnn (images), or transformer (token sequences; PyTorch rungs)", "choices": MODELS})
+        "flag": "--model", "help": "cnn (images), transformer (classifies token sequences) or gpt (a language "
+        "model on text); the last two on PyTorch rungs", "choices": MODELS})
+    preset: str | None = field(default=None, metadata={
+        "flag": "--preset", "help": f"gpt: a size by name (default {GPT_DEFAULT}; scaledl.models.GPT_PRESETS); "
+        "--width, --depth, --heads and --seq-len change one dimension of it", "choices": tuple(GPT_PRESETS)})
+    recompute: str = field(default="none", metadata={
+        "flag": "--recompute", "help": "transformer, gpt: run each block's forward again in backward instead of "
+        "keeping its activations: none, selective (the cheap operations) or full (all of it)",
+        "choices": RECOMPUTE})
     width: int | None = field(default=None, metadata={
         "flag": "--width", "help": f"transformer: model width (default {TRANSFORMER_DEFAULTS['width']})"})
     depth: int | None = field(default=None, metadata={
@@ -57,7 +68,7 @@ class Config:
         "flag": "--seq-len", "help": f"transformer: tokens per sample (default {TRANSFORMER_DEFAULTS['seq_len']})"})
     dataset: str | None = field(default=None, metadata={
         "flag": "--dataset", "help": "data set to train on (default: mnist-embedded for the CNN, tokens for the "
-        "transformer)", "choices": DATASETS})
+        "transformer, text for gpt)", "choices": DATASETS})
     data_dir: str | None = field(default=None, metadata={
         "flag": "--data-dir", "help": "where staged MNIST / CIFAR-10 files are (default: $SCALEDL_DATA)"})
     train_limit: int | None = field(default=None, metadata={
@@ -117,26 +128,35 @@ class Config:
                               "tensorboard (make setup installs it), or leave out --tensorboard")
 
     def _check_model(self) -> None:
-        """--model and its data set and size flags agree; fills in the model's defaults."""
+        """--model and its data set, size and recompute flags agree; fills in the model's defaults."""
         if self.model not in MODELS:
             raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.dataset is not None and self.dataset in DATASETS and self.dataset not in MODEL_DATA[self.model]:
+            owner = next(model for model, names in MODEL_DATA.items() if self.dataset in names)
+            raise ConfigError(f"--dataset {self.dataset} is for --model {owner}; --model {self.model} trains on "
+                              f"{' or '.join(MODEL_DATA[self.model])} (leave out --dataset for its default)")
+        self.dataset = self.dataset or MODEL_DATA[self.model][0]
         given = [name for name in TRANSFORMER_FLAGS if getattr(self, name) is not None]
         if self.model == "cnn":
-            if given:
-                raise ConfigError(f"only --model transformer takes {', '.join(flag_of(n) for n in given)}: add "
-                                  "--model transformer or leave them out")
-            if self.dataset == "tokens":
-                raise ConfigError("--dataset tokens holds token sequences for --model transformer; the CNN trains on "
-                                  "mnist-embedded, mnist, cifar10 or synthetic")
-            self.dataset = self.dataset or "mnist-embedded"
+            extra = [flag_of(n) for n in given] + (["--preset"] if self.preset else []) + \
+                (["--recompute"] if self.recompute != "none" else [])
+            if extra:
+                raise ConfigError(f"{', '.join(extra)} {'is' if len(extra) == 1 else 'are'} for --model transformer "
+                                  "or gpt: add one, or leave them out")
             return
-        if self.dataset not in (None, "tokens"):
-            raise ConfigError(f"--model transformer trains on --dataset tokens (synthetic token sequences), not "
-                              f"{self.dataset}: leave out --dataset")
-        self.dataset = "tokens"
+        if self.preset is not None and self.model != "gpt":
+            raise ConfigError(f"--preset names a size of --model gpt; --model {self.model} takes --width, --depth, "
+                              "--heads and --seq-len")
+        if self.preset is not None and self.preset not in GPT_PRESETS:
+            raise ConfigError(f"--preset must be one of {', '.join(GPT_PRESETS)}, got {self.preset!r}")
+        if self.model == "gpt":
+            self.preset = self.preset or GPT_DEFAULT
+        defaults = GPT_PRESETS[self.preset] if self.model == "gpt" else TRANSFORMER_DEFAULTS
         for name in TRANSFORMER_FLAGS:
             if getattr(self, name) is None:
-                setattr(self, name, TRANSFORMER_DEFAULTS[name])
+                setattr(self, name, defaults[name])
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ConfigError(f"{flag_of(name)} must be a whole number > 0, got {getattr(self, name)}")
         if self.width % self.heads:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from scaledl.errors import UserError
-from scaledl.models import TRANSFORMER_DEFAULTS
+from scaledl.models import GPT_DEFAULT, GPT_PRESETS, TRANSFORMER_DEFAULTS
 
 EMBEDDED_TRAIN_SIZE = 8000  # of the 10k embedded images; the other 2000 are the test subset
 EMBEDDED_SPLIT_SEED = 1234  # fixed: the subsets must not change with the run's --seed
@@ -47,7 +47,7 @@ class DataError(UserError, RuntimeError):
 class Dataset:
     name: str
     x_train: np.ndarray  # uint8, N x H x W x C
-    y_train: np.ndarray  # int64, N
+    y_train: np.ndarray  # int64, N (N x L for next-token targets)
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int = 10
@@ -239,6 +239,29 @@ def tokens(seq_len: int = 128, num_train: int = 8192, num_test: int = 1024, num_
     return TokenDataset("tokens", x_train, y_train, x_test, y_test, num_classes)
 
 
+def text(seq_len: int = 128) -> TokenDataset:
+    """Next-token sequences of the embedded corpus (`scaledl.corpus`): the bytes cut into windows of
+    seq_len + 1 one after another, x a window's first seq_len bytes and y (N x seq_len) the same
+    shifted by one, so every position of every sample is a prediction.  Test windows come from the
+    held-out files; `num_classes` is the vocabulary, the 256 byte values."""
+    from scaledl import corpus
+
+    def windows(stream: bytes):
+        count = (len(stream) - 1) // seq_len
+        if count < 1:
+            raise DataError(f"--seq-len {seq_len} is longer than the held-out text ({len(stream)} bytes): use a "
+                            "shorter --seq-len")
+        flat = np.frombuffer(stream, np.uint8)
+        starts = np.arange(count) * seq_len
+        x = flat[starts[:, None] + np.arange(seq_len)]
+        y = flat[starts[:, None] + np.arange(1, seq_len + 1)].astype(np.int64)
+        return x[:, :, None, None], y
+
+    train, test = corpus.split()
+    (x_train, y_train), (x_test, y_test) = windows(train), windows(test)
+    return TokenDataset("text", x_train, y_train, x_test, y_test, num_classes=256)
+
+
 def _download(url: str, target: Path) -> Path | None:
     """Fetch one file; None when the machine has no internet (the caller says what to stage).  A fetch
     that fails leaves nothing behind, not even the folders it made for the file (a mistyped --data-dir)."""
@@ -275,6 +298,8 @@ def load_dataset(name: str = "mnist-embedded", data_dir: str | os.PathLike | Non
         data = synthetic()
     elif name == "tokens":
         data = tokens(seq_len or TRANSFORMER_DEFAULTS["seq_len"])
+    elif name == "text":
+        data = text(seq_len or GPT_PRESETS[GPT_DEFAULT]["seq_len"])
     elif name in ("mnist", "cifar10"):
         folder = data_dir or os.environ.get("SCALEDL_DATA")
         if not folder:
@@ -285,7 +310,7 @@ def load_dataset(name: str = "mnist-embedded", data_dir: str | os.PathLike | Non
             raise DataError(f"--data-dir {folder} is a file, not a directory")
         data = load_mnist(folder) if name == "mnist" else load_cifar10(folder)
     else:
-        raise DataError(f"unknown dataset {name!r}: use mnist-embedded, mnist, cifar10, synthetic or tokens")
+        raise DataError(f"unknown dataset {name!r}: use mnist-embedded, mnist, cifar10, synthetic, tokens or text")
     if train_limit is not None:
         data.x_train, data.y_train = data.x_train[:train_limit], data.y_train[:train_limit]
     return data

@@ -15,10 +15,12 @@ from scaledl.models import VOCAB_SIZE, transformer_num_params, transformer_shard
 
 
 def check_split(config, tp: int, world_size: int) -> None:
-    """The ranks can split the model: a transformer, tp dividing the ranks and the heads (each rank
-    computes whole heads; ColwiseParallel cuts q, k and v into tp equal slices of width/tp)."""
-    if config.model != "transformer":
-        raise ConfigError("tensor parallelism splits the transformer's layers: leave out --model cnn")
+    """The ranks can split the model: a transformer (the classifier or the language model), tp dividing
+    the ranks and the heads (each rank computes whole heads; ColwiseParallel cuts q, k and v into tp
+    equal slices of width/tp)."""
+    if config.model not in ("transformer", "gpt"):
+        raise ConfigError("tensor parallelism splits a transformer's layers: use --model transformer (the default "
+                          "here) or gpt, not cnn")
     if tp < 1 or world_size % tp:
         raise ConfigError(f"--tp must divide the {world_size} ranks into equal groups, got {tp}")
     if config.heads % tp:

@@ -1,4 +1,5 @@
-"""The models the rungs train, defined once: a small CNN (the default) and a transformer.
+"""The models the rungs train, defined once: a small CNN (the default), a transformer sequence
+classifier, and a GPT-style causal language model.
 
 The CNN, for PyTorch and for Keras, is small on purpose: it reaches ~98% on MNIST in a few CPU
 epochs, so the workshop runs on a laptop, and its few weights make communication cost visible
@@ -7,13 +8,14 @@ TensorFlow rungs are comparable.
 
 The transformer (`--model transformer`, PyTorch only) is a sequence classifier on the synthetic
 token sequences of `scaledl.datasets` (`--dataset tokens`): token and position embeddings,
-`depth` pre-norm blocks of multi-head self-attention and a 4x-wide MLP, mean pooling over the
-sequence, and a linear classifier, so every rung's loop (cross-entropy on logits, accuracy)
-stays as it is.  Its linear layers are what tensor parallelism shards (the Megatron-LM split,
-Shoeybi et al. 2019, arXiv:1909.08053, section 3): q, k, v and the MLP's first layer by columns
-(output features), the attention's output projection and the MLP's second layer by rows (input
-features); their module names within a block (`attention.q`, ..., `mlp.up`, `mlp.down`; the blocks are
-`block0`, `block1`, ...) are what `COLUMNWISE` and `ROWWISE` list for the tensor-parallel rungs.
+`depth` pre-norm blocks (`scaledl.layers.Block`: multi-head self-attention and a 4x-wide MLP),
+mean pooling over the sequence, and a linear classifier, so every rung's loop (cross-entropy on
+logits, accuracy) stays as it is.  Its linear layers are what tensor parallelism shards (the
+Megatron-LM split, Shoeybi et al. 2019, arXiv:1909.08053, section 3): q, k, v and the MLP's first
+layer by columns (output features), the attention's output projection and the MLP's second layer
+by rows (input features); their module names within a block (`attention.q`, ..., `mlp.up`,
+`mlp.down`; the blocks are `block0`, `block1`, ...) are what `COLUMNWISE` and `ROWWISE` list for
+the tensor-parallel rungs.
 
 Parameter count, with width w, depth d, sequence length L, vocabulary V and C classes
 (`transformer_num_params` computes it; a test checks it against the module):
@@ -28,12 +30,36 @@ the embeddings, LayerNorms and classifier stay whole on every rank.  The default
 16 heads, L=128: about 101M parameters, 0.4 GB in fp32, 1.2 GB with gradients and SGD momentum)
 make sharding worth it on a GPU node; `--width 64 --depth 2 --heads 4 --seq-len 32` trains in
 seconds on a laptop's CPU.
+
+The language model (`--model gpt`, on `--dataset text`, `scaledl.corpus`) is GPT-2's layout
+(Radford et al. 2019): the same blocks, causal, then a final LayerNorm and a linear layer to the
+256 byte values (`scaledl.layers.NextToken`), its head not tied to the token embedding (so that
+a pipeline stage or a tensor-parallel plan never holds one weight in two places).  Its loss is
+next-token cross-entropy, its throughput tokens/s.  Its count is the classifier's with the
+vocabulary as the classes (`gpt_num_params`): V*w + L*w + d*(12*w*w + 13*w) + 2*w + w*V + V.
+`--preset` names a size (`GPT_PRESETS`: from `tiny`, 0.88M, to GPT-3 2.7B's shape, 2.52B here);
+`--width`, `--depth`, `--heads` and `--seq-len` change one dimension of it.
 """
 from __future__ import annotations
 
-MODELS = ("cnn", "transformer")
-VOCAB_SIZE = 256  # tokens are bytes (scaledl.datasets.tokens)
+MODELS = ("cnn", "transformer", "gpt")
+VOCAB_SIZE = 256  # tokens are bytes (scaledl.datasets.tokens, scaledl.corpus)
 TRANSFORMER_DEFAULTS = {"width": 1024, "depth": 8, "heads": 16, "seq_len": 128}
+# The language model's sizes, by the name of the model whose shape each one has (GPT-2: Radford et
+# al. 2019, table 2; GPT-3: Brown et al. 2020, arXiv:2005.14165, table 2.1, with 16 heads of 128 for
+# the XL and 32 of 80 for 2.7B so that heads divide the width).  Their counts here are smaller than
+# the names say: the vocabulary is 256 bytes, not GPT-2's 50,257 tokens (gpt_num_params).
+GPT_PRESETS = {
+    "tiny": {"width": 128, "depth": 4, "heads": 4, "seq_len": 128},          # 0.88M: milliseconds a step on a CPU core
+    "small": {"width": 384, "depth": 6, "heads": 6, "seq_len": 256},         # 10.9M: nanoGPT's character-level GPT
+    "gpt2-small": {"width": 768, "depth": 12, "heads": 12, "seq_len": 1024},    # 86M
+    "gpt2-medium": {"width": 1024, "depth": 24, "heads": 16, "seq_len": 1024},  # 304M
+    "gpt3-xl": {"width": 2048, "depth": 24, "heads": 16, "seq_len": 2048},      # 1.21B
+    "gpt3-2.7b": {"width": 2560, "depth": 32, "heads": 32, "seq_len": 2048},    # 2.52B
+}
+GPT_DEFAULT = "tiny"
+# --recompute: what a block keeps for its backward (scaledl.layers says what each one does).
+RECOMPUTE = ("none", "selective", "full")
 # Module names (within a block) that tensor parallelism splits by output and by input features.
 COLUMNWISE = ("attention.q", "attention.k", "attention.v", "mlp.up")
 ROWWISE = ("attention.out", "mlp.down")
@@ -78,76 +104,64 @@ def transformer_sharded_params(width: int, depth: int) -> int:
 
 def transformer(width: int = TRANSFORMER_DEFAULTS["width"], depth: int = TRANSFORMER_DEFAULTS["depth"],
                 heads: int = TRANSFORMER_DEFAULTS["heads"], seq_len: int = TRANSFORMER_DEFAULTS["seq_len"],
-                vocab_size: int = VOCAB_SIZE, num_classes: int = 10):
+                vocab_size: int = VOCAB_SIZE, num_classes: int = 10, recompute: str = "none"):
     """The transformer sequence classifier (see the module docstring): its input is a batch of
     token ids, as N x L or in the data sets' image layout N x 1 x L x 1 (floats holding ids)."""
     from collections import OrderedDict
 
-    import torch
-    import torch.nn.functional as F
     from torch import nn
+
+    from scaledl import layers
 
     if width % heads:
         raise ValueError(f"width {width} is not a multiple of heads {heads}")
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.head_dim = width // heads
-            self.q, self.k, self.v, self.out = (nn.Linear(width, width) for _ in range(4))
-
-        def forward(self, x):
-            batch, length, _ = x.shape
-            # -1 heads, not `heads`: under tensor parallelism each rank holds a slice of the heads.
-            q, k, v = (f(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
-            mixed = F.scaled_dot_product_attention(q, k, v)
-            return self.out(mixed.transpose(1, 2).reshape(batch, length, -1))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-        def forward(self, x):
-            return self.down(F.gelu(self.up(x)))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attention_norm, self.attention = nn.LayerNorm(width), Attention()
-            self.mlp_norm, self.mlp = nn.LayerNorm(width), MLP()
-
-        def forward(self, x):
-            x = x + self.attention(self.attention_norm(x))
-            return x + self.mlp(self.mlp_norm(x))
-
-    class Embed(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.token, self.position = nn.Embedding(vocab_size, width), nn.Embedding(seq_len, width)
-
-        def forward(self, x):
-            tokens = x.reshape(len(x), -1).long()  # N x 1 x L x 1 (the loaders' layout) -> N x L
-            return self.token(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
-
-    class Pool(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm(width)
-
-        def forward(self, x):
-            return self.norm(x).mean(1)  # N x L x width -> N x width
-
     # A Sequential, like the CNN: FSDP2 shards it layer by layer (a block at a time), and the names
     # block0, block1, ... let a tensor-parallel plan pick the blocks with one pattern ("block*.mlp.up").
-    return nn.Sequential(OrderedDict(embed=Embed(), **{f"block{i}": Block() for i in range(depth)}, pool=Pool(),
-                                     head=nn.Linear(width, num_classes)))
+    blocks = {f"block{i}": layers.Block(width, heads, recompute=recompute) for i in range(depth)}
+    return nn.Sequential(OrderedDict(embed=layers.Embed(vocab_size, seq_len, width), **blocks,
+                                     pool=layers.Pool(width), head=nn.Linear(width, num_classes)))
+
+
+def gpt_num_params(width: int, depth: int, seq_len: int, vocab_size: int = VOCAB_SIZE) -> int:
+    """The language model's parameter count (the module docstring's formula)."""
+    return (vocab_size + seq_len) * width + depth * (12 * width * width + 13 * width) + 2 * width \
+        + width * vocab_size + vocab_size
+
+
+def gpt_flops_per_token(width: int, depth: int, seq_len: int, vocab_size: int = VOCAB_SIZE) -> int:
+    """Model flops of one training step per token (forward and backward, no recomputation): 6 per
+    parameter that multiplies (all but the embeddings, which are looked up) and 12 * depth * width
+    * seq_len for attention's two s x s products (PaLM's count, Chowdhery et al. 2022,
+    arXiv:2204.02311, appendix B; the causal mask's skipped half counted, as there)."""
+    multiplying = gpt_num_params(width, depth, seq_len, vocab_size) - (vocab_size + seq_len) * width
+    return 6 * multiplying + 12 * depth * width * seq_len
+
+
+def gpt(width: int = GPT_PRESETS[GPT_DEFAULT]["width"], depth: int = GPT_PRESETS[GPT_DEFAULT]["depth"],
+        heads: int = GPT_PRESETS[GPT_DEFAULT]["heads"], seq_len: int = GPT_PRESETS[GPT_DEFAULT]["seq_len"],
+        vocab_size: int = VOCAB_SIZE, recompute: str = "none"):
+    """The causal language model (see the module docstring): ids N x L (or N x 1 x L x 1) in,
+    logits N x V x L out (`scaledl.layers.NextToken`)."""
+    from collections import OrderedDict
+
+    from torch import nn
+
+    from scaledl import layers
+
+    if width % heads:
+        raise ValueError(f"width {width} is not a multiple of heads {heads}")
+    blocks = {f"block{i}": layers.Block(width, heads, causal=True, recompute=recompute) for i in range(depth)}
+    return nn.Sequential(OrderedDict(embed=layers.Embed(vocab_size, seq_len, width), **blocks,
+                                     head=layers.NextToken(width, vocab_size)))
 
 
 def for_config(config, data, framework: str = "torch"):
     """The model `--model` names, sized for the data set (and, the transformer, by its flags)."""
     if config.model == "transformer":
-        return transformer(config.width, config.depth, config.heads, config.seq_len, num_classes=data.num_classes)
+        return transformer(config.width, config.depth, config.heads, config.seq_len, num_classes=data.num_classes,
+                           recompute=config.recompute)
+    if config.model == "gpt":
+        return gpt(config.width, config.depth, config.heads, config.seq_len, recompute=config.recompute)
     return for_dataset(data, framework)
 
 

@@ -2,6 +2,7 @@
 
     summary rung=ddp world_size=2 samples_per_s=5012.3 test_accuracy=0.9805 peak_memory_mb=412.0
 
+A language model's line adds tokens_per_s, mfu (a fraction) and the peak it is against.
 The same fields go to OUT_DIR/summary.json, which `scaledl demo` collects into its table.
 """
 from __future__ import annotations
@@ -50,18 +51,30 @@ def steady_throughput(records: list[dict]) -> float:
 
 
 def finish(rung: str, world_size: int, history, test_accuracy: float, out_dir: str | Path,
-           memory_bytes: int, is_main: bool, **extra) -> dict:
+           memory_bytes: int, is_main: bool, language_model: dict | None = None, **extra) -> dict:
     """Write summary.json and print the summary line (main rank only); return the summary.
 
-    Every rank must call it: it logs the steps left since the last log interval (a collective)."""
+    `language_model` (seq_len, flops_per_token, peak_tflops, peak_source) adds tokens/s and MFU
+    (`scaledl.flops`).  Every rank must call it: it logs the steps left since the last log
+    interval (a collective)."""
     if history.pending_steps:
         history.log(history.total_steps)
-    summary = {"rung": rung, "world_size": world_size,
-               "samples_per_s": round(steady_throughput(history.records), 1),
-               "test_accuracy": round(test_accuracy, 4), "memory_bytes_per_rank": memory_bytes, **extra}
+    samples_per_s = steady_throughput(history.records)
+    summary = {"rung": rung, "world_size": world_size, "samples_per_s": round(samples_per_s, 1)}
+    if language_model:
+        from scaledl import flops
+
+        tokens_per_s = samples_per_s * language_model["seq_len"]
+        summary |= {"tokens_per_s": round(tokens_per_s, 1),
+                    "mfu": round(flops.mfu(tokens_per_s, language_model["flops_per_token"], world_size,
+                                           language_model["peak_tflops"]), 4),
+                    "peak_tflops": round(language_model["peak_tflops"], 4),
+                    "peak_source": language_model["peak_source"]}
+    summary |= {"test_accuracy": round(test_accuracy, 4), "memory_bytes_per_rank": memory_bytes, **extra}
     if is_main:
         history.write({"type": "summary", **summary})
         Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        fields = {**summary, "memory_bytes_per_rank": None, "peak_memory_mb": round(memory_bytes / 2**20, 1)}
+        fields = {**summary, "memory_bytes_per_rank": None, "peak_source": None,
+                  "peak_memory_mb": round(memory_bytes / 2**20, 1)}
         print("summary " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None), flush=True)
     return summary

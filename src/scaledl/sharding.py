@@ -117,7 +117,7 @@ def evaluate_torch(model, data: Dataset, rank: int, world_size: int, device, bat
     import torch.nn.functional as F
 
     x, y = torch_test_tensors(data, rank, world_size)
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, targets (a model's tokens)
     model.eval()
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
@@ -125,7 +125,7 @@ def evaluate_torch(model, data: Dataset, rank: int, world_size: int, device, bat
             logits = model(xb).float()
             totals += torch.stack([F.cross_entropy(logits, yb, reduction="sum").double(),
                                    (logits.argmax(1) == yb).sum().double(),
-                                   torch.tensor(float(len(yb)), dtype=torch.float64, device=device)])
+                                   torch.tensor(float(yb.numel()), dtype=torch.float64, device=device)])
     model.train()
     if all_reduce is not None:
         totals = all_reduce(totals)

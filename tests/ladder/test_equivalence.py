@@ -95,6 +95,22 @@ def test_pipeline_equals_one_process_with_the_same_batch(tmp_path, torch_referen
     assert_same(torch_reference, torch.load(tmp_path / "model.pt", weights_only=True))
 
 
+# The language model, small: 4 steps of 64 sequences of 32 bytes.
+GPT = ["--model", "gpt", "--width", "32", "--depth", "2", "--heads", "2", "--seq-len", "32", "--train-limit", "256"]
+
+
+@pytest.fixture(scope="module")
+def gpt_reference(tmp_path_factory):
+    return torch_params(train("python", "single_torch", tmp_path_factory.mktemp("gpt"), 64, *GPT, nproc=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rung, recompute", [("ddp", "selective"), ("fsdp", "full")])
+def test_the_language_model_recomputed_on_two_ranks_equals_one_process(tmp_path, gpt_reference, rung, recompute):
+    # Recomputation reruns the same operations on the same values: it moves no parameter.
+    assert_same(gpt_reference, torch_params(train("torchrun", rung, tmp_path, 32, *GPT, "--recompute", recompute)))
+
+
 def keras_weights(path):
     import h5py
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from scaledl import class_records, config as config_lib, launch_env, report, run_dir, schedule, signals
+from scaledl import class_records, config as config_lib, flops, launch_env, models, report, run_dir, schedule, signals
 from scaledl.ladder.harness import run_state
 # What a rung saves when the model's state is not one process's plain state dict: a rung names one here.
 from scaledl.ladder.harness.run_state import DeepSpeedState, FullState, StageState  # noqa: F401
@@ -44,7 +44,7 @@ from scaledl.metrics import History, local_gather, torch_gather
 CHECKPOINT_FLAGS = ("resume", "checkpoint_every", "keep_checkpoints")
 GUARD_FLAGS = ("on_nonfinite",)
 COLLECTIVE_FLAGS = ("backend", "timeout")  # a single process has no collectives to pick or bound
-MODEL_FLAGS = ("model", *config_lib.TRANSFORMER_FLAGS)  # a rung without them trains the CNN only
+MODEL_FLAGS = config_lib.MODEL_FLAGS  # a rung without them trains the CNN only
 
 
 def parser(rung: str, without: tuple[str, ...] = ()):
@@ -206,11 +206,20 @@ class Run:
         """Write summary.json and print the summary line (every rank calls it: it is a collective)."""
         memory = report.peak_memory_bytes(self.device)
         summary = report.finish(self.rung, self.world_size, self.history, test_accuracy, self.config.out_dir,
-                                memory, self.is_main, **extra)
+                                memory, self.is_main, language_model=self._language_model(), **extra)
         if self.is_main:
             self._to_class(summary)
         self.comm.barrier()  # every rank leaves together (see distributed.teardown)
         return summary
+
+    def _language_model(self) -> dict | None:
+        """What tokens/s and MFU need, for --model gpt (scaledl.flops)."""
+        config = self.config
+        if config.model != "gpt":
+            return None
+        peak_tflops, source = flops.peak(self.device, config.precision)
+        return {"seq_len": config.seq_len, "peak_tflops": peak_tflops, "peak_source": source,
+                "flops_per_token": models.gpt_flops_per_token(config.width, config.depth, config.seq_len)}
 
     def _to_class(self, summary: dict) -> None:
         """In a class (SCALEDL_CLASS_DIR), the run's summary and what it ran on, for the class's curve."""
@@ -292,7 +301,9 @@ class TorchRun(Run):
             self.record(zero, zero, 0)
         else:
             share = self.world_size // self.replicas  # ranks that trained on this same batch: each counts its share
-            self.record(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / share, len(y) / share)
+            per_sample = y[0].numel()  # targets per sample: 1 for a class, seq_len for next tokens
+            self.record(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / (share * per_sample),
+                        len(y) / share)
         if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
             self.save()
 

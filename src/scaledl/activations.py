@@ -1,0 +1,93 @@
+"""Activation memory: what a forward pass leaves for its backward, counted live and by formula.
+
+    held = activations.held_by_forward(model, x)[0]       # bytes, measured
+    activations.block_bytes(seq_len, batch, width, heads)   # bytes, predicted for one block
+
+Measured: every tensor an operation creates during the forward (a `TorchDispatchMode` sees each
+one) that is still alive once the forward has returned is held for the backward, by autograd's
+saved tensors or by a recomputation's cache; its storage counts once, however many views of it
+were saved.  Parameters (and the transposed views of them a linear layer saves), the inputs and
+the output do not count.  This is the number a GPU's allocator would show as the forward's
+growth, counted here on any device, a CPU included.
+
+Predicted, per block of `scaledl.layers.Block` (s tokens, b samples, width h, a heads; e bytes a
+value, 4 in fp32), with `--recompute`:
+
+- none: e * s*b * (16*h + 4 + a).  The block's input (kept by the first LayerNorm), the two
+  LayerNorms' inputs and outputs (4*sbh) and their means and inverse deviations (4*sb), q, k, v
+  (3*sbh), attention's output (sbh, which is also the output projection's input: a view, one
+  storage) and its log-sum-exp (a*s*b), the MLP's 4h-wide input to GELU and input to the second
+  layer (8*sbh).  Korthikanti et al. 2022 (arXiv:2205.05198, section 4.1) count 34*sbh + 5*a*s^2*b
+  bytes for GPT's block in 16-bit; without dropout (its three masks, sbh + a*s^2*b bytes here
+  2*sbh) that is 32*sbh + 2*a*s^2*b, and a fused attention kernel (`scaled_dot_product_attention`
+  on every device here) keeps its output and the log-sum-exp instead of the s x s softmax:
+  32*sbh in 16-bit, this formula's 16 values per s*b*h.
+- selective: e * s*b * (11*h + a): the block's input (kept for the recomputation), the six linear
+  layers' outputs (q, k, v, out: 4*sbh; up: 4*sbh; down: sbh) and attention's output; the norms
+  and GELU run again in backward.
+- full: e * s*b*h: the block's input; the whole block runs again in backward, one block at a time,
+  so the backward's peak adds one block's `none` bytes.
+
+The language model adds its head (`model_bytes`): the last LayerNorm's input and statistics and
+the head's input, e * s*b * (2*h + 2), and the position ids (8 bytes each).
+"""
+from __future__ import annotations
+
+from scaledl.models import RECOMPUTE
+
+
+def block_bytes(seq_len: int, batch: int, width: int, heads: int, recompute: str = "none",
+                bytes_per_value: int = 4) -> int:
+    """Bytes one block holds from its forward to its backward (the module docstring's formula)."""
+    tokens = seq_len * batch
+    values = {"none": 16 * width + 4 + heads, "selective": 11 * width + heads, "full": width}
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    return bytes_per_value * tokens * values[recompute]
+
+
+def model_bytes(seq_len: int, batch: int, width: int, depth: int, heads: int, recompute: str = "none",
+                bytes_per_value: int = 4) -> int:
+    """Bytes the language model (`scaledl.models.gpt`) holds after its forward: its blocks, its
+    head's LayerNorm input and statistics and linear layer's input, and the position ids."""
+    head = bytes_per_value * seq_len * batch * (2 * width + 2)
+    positions = 8 * seq_len  # the position ids (int64); the token ids are the input
+    return depth * block_bytes(seq_len, batch, width, heads, recompute, bytes_per_value) + head + positions
+
+
+def held_by_forward(module, *inputs):
+    """(bytes the forward left for the backward, the output): see the module docstring."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    def storage_of(tensor):
+        return tensor.untyped_storage().data_ptr()
+
+    excluded = {storage_of(p) for p in module.parameters()} | {storage_of(t) for t in inputs}
+
+    class Created(TorchDispatchMode):
+        """Every storage an operation creates, weakly (so that watching keeps nothing alive)."""
+
+        def __init__(self):
+            super().__init__()
+            self.created = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    storage = tensor.untyped_storage()
+                    known = self.created.get(storage.data_ptr())
+                    if known is None or known[0].expired():  # new, or a freed one's address reused
+                        self.created[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+            return out
+
+    watch = Created()
+    with watch:
+        output = module(*inputs)
+    excluded |= {storage_of(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)}
+    held = sum(nbytes for pointer, (ref, nbytes) in watch.created.items()
+               if pointer not in excluded and not ref.expired())
+    return held, output

@@ -1,0 +1,91 @@
+"""Activation memory and recomputation: what the forward leaves for the backward, counted live
+against the formula (scaledl.activations), and recomputation changing memory but not the math."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scaledl import activations, models
+
+SIZES = [(32, 5, 64, 3, 4), (128, 2, 128, 2, 8), (17, 3, 96, 4, 6)]  # seq_len, batch, width, depth, heads
+
+
+@pytest.mark.parametrize("recompute", models.RECOMPUTE)
+@pytest.mark.parametrize("seq_len, batch, width, depth, heads", SIZES)
+def test_the_forward_holds_what_the_formula_says(recompute, seq_len, batch, width, depth, heads):
+    torch.manual_seed(0)
+    model = models.gpt(width, depth, heads, seq_len, recompute=recompute)
+    held, logits = activations.held_by_forward(model, torch.randint(0, 256, (batch, seq_len)))
+    assert held == activations.model_bytes(seq_len, batch, width, depth, heads, recompute)
+    assert logits.requires_grad  # the graph (and what it holds) is alive while counted
+
+
+def test_the_block_knows_the_recompute_modes_the_flags_offer():
+    from scaledl import layers
+
+    assert tuple(layers.CHECKPOINT_OPTIONS) == models.RECOMPUTE
+    with pytest.raises(ValueError, match="recompute must be one of none, selective, full"):
+        layers.Block(8, 2, recompute="half")
+
+
+def test_one_block_holds_the_formula_less_its_input():
+    block = models.gpt(64, 1, 4, 32).block0
+    held, _ = activations.held_by_forward(block, torch.randn(5, 32, 64, requires_grad=True))
+    assert held == activations.block_bytes(32, 5, 64, 4) - 4 * 5 * 32 * 64  # the input is the caller's
+
+
+def test_the_count_sees_a_tensor_kept_by_the_graph_and_not_one_freed():
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+
+    def keeps(x):  # tanh keeps its output (4 * 3 * 8 bytes) for its backward; the product is freed
+        return (x @ weight).tanh().sum()
+
+    def keeps_nothing(x):
+        return (x @ weight).sum()  # the product's backward needs x and the weight, both excluded
+
+    x = torch.randn(3, 8, requires_grad=True)
+    module_keeps, module_frees = torch.nn.Module(), torch.nn.Module()
+    module_keeps.forward, module_frees.forward = keeps, keeps_nothing
+    module_keeps.w = module_frees.w = weight
+    assert activations.held_by_forward(module_keeps, x)[0] == 4 * 3 * 8
+    assert activations.held_by_forward(module_frees, x)[0] == 0
+
+
+def test_recomputation_saves_memory_and_changes_no_gradient():
+    tokens = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    grads, held = {}, {}
+    for recompute in models.RECOMPUTE:
+        torch.manual_seed(0)
+        model = models.gpt(64, 3, 4, 32, recompute=recompute)
+        held[recompute], logits = activations.held_by_forward(model, tokens)
+        torch.nn.functional.cross_entropy(logits, tokens).backward()
+        grads[recompute] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert held["full"] < held["selective"] < held["none"]
+    for recompute in ("selective", "full"):
+        assert (grads[recompute] - grads["none"]).abs().max() <= 1e-6
+
+
+def test_a_rung_trains_the_language_model_and_reports_tokens_and_mfu(tmp_path):
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "scaledl.ladder.single_torch", "--model", "gpt", "--width", "32",
+                    "--heads", "2", "--depth", "1", "--seq-len", "32", "--recompute", "selective", "--max-steps", "6",
+                    "--log-interval", "2", "--batch-size", "8", "--out-dir", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens_per_s"] == pytest.approx(summary["samples_per_s"] * 32, rel=1e-3)
+    flops = models.gpt_flops_per_token(32, 1, 32)
+    assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * flops / (summary["peak_tflops"] * 1e12), rel=0.01,
+                                           abs=1e-4)  # the summary rounds both
+    assert 0 < summary["mfu"] < 1 and "measured fp32 matmul" in summary["peak_source"]
+    assert 0 < summary["test_accuracy"] < 1  # per byte predicted, over the held-out files
+
+
+@pytest.mark.parametrize("rung, flag", [("single_tf", "--recompute"), ("pipeline", "--recompute")])
+def test_a_rung_that_trains_the_cnn_only_refuses_recomputation(tmp_path, rung, flag):
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", flag, "full", "--out-dir", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.count("\n") == 1 and f"unrecognized arguments: {flag} full" in result.stderr
