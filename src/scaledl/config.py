@@ -35,7 +35,11 @@ class ConfigError(UserError, ValueError):
 class Config:
     num_epochs: int = field(default=3, metadata={"flag": "--epochs", "help": "passes over the training set"})
     batch_size: int = field(default=64, metadata={
-        "flag": "--batch-size", "help": "micro batch per rank; the global batch is this times world_size"})
+        "flag": "--batch-size", "help": "micro batch per rank; the global batch is this times --grad-accum times "
+        "the data-parallel ranks"})
+    grad_accum: int = field(default=1, metadata={
+        "flag": "--grad-accum", "help": "micro batches whose gradients add up before each optimizer step (the "
+        "data-parallel ranks reduce them once, after the last)"})
     lr: float = field(default=0.03, metadata={
         "flag": "--lr", "help": "learning rate for a global batch of --base-batch-size"})
     base_batch_size: int = field(default=64, metadata={
@@ -107,7 +111,8 @@ class Config:
             raise ConfigError("--out-dir is empty (an unset variable in a job script?): name a directory")
         if self.data_dir is not None and not self.data_dir.strip():
             raise ConfigError("--data-dir is empty (an unset variable in a job script?): name a directory")
-        positive = ["num_epochs", "batch_size", "base_batch_size", "log_interval", "timeout", "lr", "keep_checkpoints"]
+        positive = ["num_epochs", "batch_size", "grad_accum", "base_batch_size", "log_interval", "timeout", "lr",
+                    "keep_checkpoints"]
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{flag_of(name)} must be > 0, got {getattr(self, name)}")

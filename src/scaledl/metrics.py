@@ -96,9 +96,17 @@ class History:
 
     def step(self, loss_sum, correct, batch_size: int) -> None:
         """Add one step: `loss_sum` and `correct` are framework tensors (summed over the batch)."""
+        self.add(loss_sum, correct, batch_size)
+        self.end_step()
+
+    def add(self, loss_sum, correct, batch_size: int) -> None:
+        """Add one micro batch's sums to the step (gradient accumulation: several a step)."""
         pair = (loss_sum, correct)
         self._sums = pair if self._sums is None else (self._sums[0] + loss_sum, self._sums[1] + correct)
         self._samples += batch_size
+
+    def end_step(self) -> None:
+        """Count one optimizer step (its micro batches added)."""
         self._steps += 1
         self.total_steps += 1
 

@@ -73,17 +73,31 @@ def test_control_one_rank_alone_is_far_from_the_reference(tmp_path, torch_refere
     assert max_difference(torch_reference, alone) > 100 * TOLERANCE
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher, rung", [("torchrun", "ddp"), ("horovodrun", "horovod_torch"),
-                                            ("torchrun", "fsdp")])
-def test_data_parallel_torch_equals_one_process(tmp_path, torch_reference, launcher, rung):
-    assert_same(torch_reference, torch_params(train(launcher, rung, tmp_path, 64)))
+# A micro batch of 32 and --grad-accum 2 on 2 ranks is the same global batch of 128: gradient
+# accumulation must land where one big batch does (DDP with and without it, the others with it).
+ACCUMULATE = ["--grad-accum", "2"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_deepspeed_zero_equals_one_process(tmp_path, torch_reference, stage):
-    found = deepspeed_params(train("deepspeed", "deepspeed", tmp_path, 64, "--zero-stage", str(stage)))
+@pytest.mark.parametrize("launcher, rung, batch_size, options", [
+    ("torchrun", "ddp", 64, []), ("torchrun", "ddp", 32, ACCUMULATE), ("horovodrun", "horovod_torch", 32, ACCUMULATE),
+    ("torchrun", "fsdp", 32, ACCUMULATE)])
+def test_data_parallel_torch_equals_one_process(tmp_path, torch_reference, launcher, rung, batch_size, options):
+    assert_same(torch_reference, torch_params(train(launcher, rung, tmp_path, batch_size, *options)))
+
+
+@pytest.mark.slow
+def test_one_process_accumulating_equals_one_big_batch(tmp_path, torch_reference):
+    assert_same(torch_reference, torch_params(train("python", "single_torch", tmp_path, 32, "--grad-accum", "4",
+                                                    nproc=1)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, options", [(0, []), (1, []), (2, ACCUMULATE), (3, ACCUMULATE)])
+def test_deepspeed_zero_equals_one_process(tmp_path, torch_reference, stage, options):
+    batch_size = 32 if options else 64
+    found = deepspeed_params(train("deepspeed", "deepspeed", tmp_path, batch_size, "--zero-stage", str(stage),
+                                   *options))
     assert_same(torch_reference, found)
 
 

@@ -35,8 +35,8 @@ def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = Fals
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": config.batch_size,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": config.batch_size * world_size,  # DeepSpeed checks micro x accumulation x ranks
+        "gradient_accumulation_steps": config.grad_accum,  # model.step() steps the optimizer every this many
+        "train_batch_size": config.batch_size * config.grad_accum * world_size,  # DeepSpeed checks the product
         "zero_optimization": zero,
         # DeepSpeed 0.19.3 and later clip the gradient norm to 1.0 unless told otherwise (older ones do
         # not); no other rung clips, and a silent clip makes the same run train differently here.
@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     config, args = harness.parse(flags, argv)
     if args.offload_params and args.zero_stage != 3:  # New Code #
         flags.error("argument --offload-params: needs --zero-stage 3")
+    if config.grad_accum > 1 and config.on_nonfinite == "skip":  # New Code #: a skipped micro batch would shift
+        flags.error("--on-nonfinite skip skips a micro batch, and DeepSpeed counts micro batches to know when to "
+                    "step: use --on-nonfinite stop with --grad-accum")  # New Code #
     job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
     device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective
@@ -89,7 +92,8 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
     model = models.for_config(config, data)  # New Code #: the engine moves it
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    scheduler = harness.lr_scheduler(optimizer, config, job.world_size, len(loader))  # New Code #: the engine steps it
+    steps_per_epoch = len(loader) // config.grad_accum  # New Code #: the engine steps the scheduler once a step
+    scheduler = harness.lr_scheduler(optimizer, config, job.world_size, steps_per_epoch)  # New Code #
     # New Code #: DeepSpeed's config from the flags, then the engine that trains
     ds_config = deepspeed_config(config, args.zero_stage, args.offload_optimizer, args.offload_params, job.world_size)
     model, optimizer, scheduler = wrap(model, optimizer, scheduler, ds_config, device)
@@ -97,18 +101,19 @@ def main(argv=None) -> int:
                            state=harness.DeepSpeedState(model))  # New Code #: the engine writes its own checkpoints
     input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
-        print(f"{RUNG}: {len(loader)} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #
+        print(f"{RUNG}: {run.steps_per_epoch} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #
 
     for epoch in run.epochs():  # on --resume, from the checkpoint's epoch
         sampler.set_epoch(epoch)  # New Code #: a new order every epoch (the same on every rank)
-        for x, y in run.batches(loader):  # on --resume, skips the batches already trained
+        for x, y in run.batches(loader):  # micro batches, --grad-accum a step; on --resume, skips those trained
             x, y = x.to(device), y.to(device)
             logits = model(x.to(input_dtype))  # New Code #
             loss = F.cross_entropy(logits.float(), y)  # New Code #
             if run.guard.allows_loss(loss):  # New Code #: ZeRO keeps the gradients to itself: check the loss
-                model.backward(loss)  # New Code #: loss scaling, then averaging or reduce-scattering the gradients
-                model.step()  # New Code #: optimizer and scheduler step, then zero the gradients
-            run.end_step(loss, logits, y)  # lr schedule, metrics, --checkpoint-every
+                model.backward(loss)  # New Code #: divides by --grad-accum, scales, averages or reduce-scatters
+                model.step()  # New Code #: at a step's last micro batch, optimizer and scheduler step, zero the grads
+            if run.end_micro_batch(loss, logits, y):  # New Code #: the engine counted the micro batches itself
+                run.end_step()  # lr schedule, --checkpoint-every
 
     test_loss, test_accuracy = sharding.evaluate_torch(model, data, job.rank, job.world_size, device)  # New Code #
     run.finish(test_accuracy, zero_stage=args.zero_stage)  # New Code #

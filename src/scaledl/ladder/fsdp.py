@@ -49,21 +49,25 @@ def main(argv=None) -> int:
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader,  # New Code #: whole tensors in a checkpoint
                            state=harness.FullState(model, optimizer))  # New Code #
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
-        print(f"{RUNG}: {len(loader)} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #
+        print(f"{RUNG}: {run.steps_per_epoch} steps per epoch on {job.world_size} ranks, {device.type}")  # New Code #
 
     for epoch in run.epochs():  # on --resume, from the checkpoint's epoch
         sampler.set_epoch(epoch)  # New Code #: a new order every epoch (the same on every rank)
-        for x, y in run.batches(loader):  # on --resume, skips the batches already trained
+        for x, y in run.batches(loader):  # micro batches, --grad-accum a step; on --resume, skips those trained
             x, y = x.to(device), y.to(device)
+            model.set_requires_gradient_sync(run.last_micro_batch)  # New Code #: reduce-scatter in the last one only
             with run.autocast():  # bf16 or fp16 with --precision
                 logits = model(x)
                 loss = F.cross_entropy(logits.float(), y)
-            optimizer.zero_grad()
-            run.scaler.scale(loss).backward()  # fp16 scales the loss up so that small gradients survive
+            # Gradients add up in .grad: dividing by --grad-accum makes their sum the big batch's mean.
+            run.scaler.scale(loss / config.grad_accum).backward()  # fp16 scales the loss up: small gradients survive
+            if not run.end_micro_batch(loss, logits, y):  # metrics; False until the step's last micro batch
+                continue
             if run.guard.allows_step(model.parameters(), loss):  # NaN or inf gradients: stop, or skip the step
                 run.scaler.step(optimizer)  # optimizer.step(), with the gradients scaled back
             run.scaler.update()
-            run.end_step(loss, logits, y)  # lr schedule, metrics, --checkpoint-every
+            optimizer.zero_grad()  # the next step's gradients start from zero
+            run.end_step()  # lr schedule, --checkpoint-every
 
     test_loss, test_accuracy = sharding.evaluate_torch(model, data, job.rank, job.world_size, device)  # New Code #
     run.finish(test_accuracy)

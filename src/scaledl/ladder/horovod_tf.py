@@ -23,7 +23,7 @@ from scaledl.ladder.harness.horovod_keras_fit import keras_fit  # New Code #: --
 
 RUNG = "horovod_tf"
 NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "backend", "device",  # New Code #: Horovod picks
-                *harness.MODEL_FLAGS)  # the CNN only
+                *harness.MODEL_FLAGS, "grad_accum")  # the CNN only, a step a batch
 
 
 def set_precision(precision: str) -> None:

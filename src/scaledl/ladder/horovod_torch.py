@@ -28,11 +28,13 @@ def wrap(model, device, **options):
     return model  # one device: as it is
 
 
-def distributed_optimizer(optimizer, model, fp16_allreduce: bool = False, adasum: bool = False):  # New Code #
+def distributed_optimizer(optimizer, model, fp16_allreduce: bool = False, adasum: bool = False,  # New Code #
+                          grad_accum: int = 1):
     """All-reduce each gradient in a backward hook as soon as it is ready (fused into few messages)."""
     return hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), op=hvd.Adasum if adasum else hvd.Average,
-        compression=hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none)
+        compression=hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none,
+        backward_passes_per_step=grad_accum)  # in every grad_accum-th backward only
 
 
 @exits_cleanly
@@ -42,9 +44,11 @@ def main(argv=None) -> int:
     flags.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
     flags.add_argument("--adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
     config, args = harness.parse(flags, argv)
-    if args.adasum and (config.precision == "fp16" or config.on_nonfinite == "skip"):  # New Code #: it steps in hooks
-        flags.error("--adasum applies each step in backward's hooks, before fp16 unscales the gradients and before "
-                    "the non-finite check: use --precision bf16 or fp32 and --on-nonfinite stop")  # New Code #
+    # New Code #: Adasum steps in backward's hooks
+    if args.adasum and (config.precision == "fp16" or config.on_nonfinite == "skip" or config.grad_accum > 1):
+        flags.error("--adasum applies each step in backward's hooks, before fp16 unscales the gradients, before the "
+                    "non-finite check and after every micro batch: use --precision bf16 or fp32, --on-nonfinite stop "
+                    "and no --grad-accum")  # New Code #
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
@@ -61,30 +65,34 @@ def main(argv=None) -> int:
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
     model = wrap(models.for_config(config, data).to(device), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    optimizer = distributed_optimizer(optimizer, model, args.fp16_allreduce, args.adasum)  # New Code #
+    optimizer = distributed_optimizer(optimizer, model, args.fp16_allreduce, args.adasum,  # New Code #
+                                      config.grad_accum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, comm=harness.horovod_comm(hvd))  # New Code #
     # New Code #: every rank starts from rank 0's weights and optimizer state (its checkpoint's, on --resume).
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     if hvd.rank() == 0:  # New Code #: one line for the job, not one per rank
-        print(f"{RUNG}: {len(loader)} steps per epoch on {hvd.size()} ranks, {device.type}")  # New Code #
+        print(f"{RUNG}: {run.steps_per_epoch} steps per epoch on {hvd.size()} ranks, {device.type}")  # New Code #
 
     for epoch in run.epochs():  # on --resume, from the checkpoint's epoch
         sampler.set_epoch(epoch)  # New Code #: a new order every epoch (the same on every rank)
-        for x, y in run.batches(loader):  # on --resume, skips the batches already trained
+        for x, y in run.batches(loader):  # micro batches, --grad-accum a step; on --resume, skips those trained
             x, y = x.to(device), y.to(device)
             with run.autocast():  # bf16 or fp16 with --precision
                 logits = model(x)
                 loss = F.cross_entropy(logits.float(), y)
-            optimizer.zero_grad()
-            run.scaler.scale(loss).backward()  # fp16 scales the loss up so that small gradients survive
+            # Gradients add up in .grad: dividing by --grad-accum makes their sum the big batch's mean.
+            run.scaler.scale(loss / config.grad_accum).backward()  # fp16 scales the loss up: small gradients survive
+            if not run.end_micro_batch(loss, logits, y):  # metrics; False until the step's last micro batch
+                continue
             optimizer.synchronize()  # New Code #: wait for the averaged gradients before anyone reads them
             if run.guard.allows_step(model.parameters(), loss):  # NaN or inf gradients: stop, or skip the step
                 # New Code #: already done above (with Adasum, --on-nonfinite is stop: its hooks have stepped)
                 with contextlib.nullcontext() if args.adasum else optimizer.skip_synchronize():
                     run.scaler.step(optimizer)  # New Code #
             run.scaler.update()
-            run.end_step(loss, logits, y)  # lr schedule, metrics, --checkpoint-every
+            optimizer.zero_grad()  # the next step's gradients start from zero
+            run.end_step()  # lr schedule, --checkpoint-every
 
     test_loss, test_accuracy = sharding.evaluate_torch(model, data, hvd.rank(), hvd.size(), device,  # New Code #
                                                        all_reduce=lambda totals: hvd.allreduce(totals, op=hvd.Sum))

@@ -25,7 +25,8 @@ from scaledl.config import ConfigError
 RUNG = "pipeline"
 SPLIT_AT = 6  # the CNN's index of Flatten: convolutions on rank 0, classifier on rank 1
 # Its stages split the CNN (SPLIT_AT): the transformer's flags are refused like the others.
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision", *harness.MODEL_FLAGS)
+NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision", *harness.MODEL_FLAGS,
+                "grad_accum")  # its --microbatches are its accumulation
 
 
 def check_stages(num_stages: int) -> None:

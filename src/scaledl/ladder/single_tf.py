@@ -16,7 +16,7 @@ from scaledl.ladder import harness
 
 RUNG = "single_tf"
 NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, *harness.COLLECTIVE_FLAGS, "device",
-                *harness.MODEL_FLAGS)  # the CNN only
+                *harness.MODEL_FLAGS, "grad_accum")  # the CNN only, a step a batch
 
 
 def set_precision(precision: str) -> None:

@@ -4,9 +4,12 @@
     ...
     run = harness.TorchRun("single_torch", config, device, model, optimizer, loader)
     for epoch in run.epochs():
-        for x, y in run.batches(loader):
-            ...forward, loss, backward, step...
-            run.end_step(loss, logits, y)
+        for x, y in run.batches(loader):             # micro batches
+            ...forward, loss, backward (gradients add up)...
+            if not run.end_micro_batch(loss, logits, y):
+                continue                             # until the step's --grad-accum-th
+            ...optimizer step, zero the gradients...
+            run.end_step()
     run.finish(test_accuracy)
 
 A run owns OUT_DIR: it claims it when training starts (not when the flags are parsed), writes
@@ -128,6 +131,7 @@ class Run:
         self.steps_per_epoch = steps_per_epoch
         self.log = get_logger(self.rank)
         self.epoch = self.step = 0
+        self.micro_batch = 0  # of the step being trained: 0 .. --grad-accum - 1
         self.device = device
         # Rank 0 checks OUT_DIR (and with --overwrite clears it) before anything is written.
         self.resume = run_dir.claim(config.out_dir, config.resume, config.overwrite, self.is_main,
@@ -162,12 +166,21 @@ class Run:
         self.end_training()
 
     def batches(self, loader):
-        """The loader's batches, skipping those a resumed run already trained, until --max-steps."""
-        skip = self.step - self.epoch * self.steps_per_epoch
-        for batch in itertools.islice(loader, max(skip, 0), None):
+        """The loader's (micro) batches, --grad-accum of them a step, skipping those a resumed run already
+        trained, until --max-steps.  An epoch's last micro batches that make no whole step are left out
+        (their gradients would leak into the next epoch's first step)."""
+        accum = getattr(self.config, "grad_accum", 1)
+        skip = max(self.step - self.epoch * self.steps_per_epoch, 0) * accum
+        for index, batch in enumerate(itertools.islice(loader, skip, self.steps_per_epoch * accum)):
             if self.done:
                 return
+            self.micro_batch = index % accum
             yield batch
+
+    @property
+    def last_micro_batch(self) -> bool:
+        """Is the batch being trained the step's last (the one whose backward must reduce the gradients)?"""
+        return self.micro_batch == getattr(self.config, "grad_accum", 1) - 1
 
     def lr(self, step: int | None = None) -> float:
         """The learning rate for the next step (or `step`): linear scaling with warm-up (`scaledl.schedule`)."""
@@ -176,8 +189,13 @@ class Run:
 
     def record(self, loss_sum, correct, count: int) -> None:
         """Count one finished step: sums over the batch stay on the device until the next log line."""
+        self.history.add(loss_sum, correct, count)
+        self.count_step()
+
+    def count_step(self) -> None:
+        """One optimizer step done (its batches' sums already added to the history)."""
         self.step += 1
-        self.history.step(loss_sum, correct, count)
+        self.history.end_step()
         if self.step % self.config.log_interval == 0:
             self.log_metrics()
             if self.history.stop_agreed:
@@ -230,7 +248,7 @@ class Run:
             nodes = None
         try:
             class_records.write_run(summary, nodes=nodes, batch_size=self.config.batch_size,
-                                    global_batch_size=self.config.batch_size * self.replicas,
+                                    global_batch_size=self.config.batch_size * self.config.grad_accum * self.replicas,
                                     model=self.config.model, precision=self.config.precision,
                                     num_params=getattr(self, "meta", {}).get("num_params"), device=str(self.device))
         except OSError as error:  # the run itself is saved in OUT_DIR: say so, and end as it would have
@@ -250,7 +268,9 @@ class TorchRun(Run):
     def __init__(self, rung: str, config: Config, device, model, optimizer, loader, *, comm: Comm | None = None,
                  state: run_state.State | None = None, scheduler=None, replicas: int | None = None):
         comm = comm or torch_comm()
-        super().__init__(rung, config, steps_per_epoch=len(loader), num_samples=len(loader.dataset),
+        # The loader serves micro batches: --grad-accum of them make a step.
+        super().__init__(rung, config, steps_per_epoch=len(loader) // config.grad_accum,
+                         num_samples=len(loader.dataset),
                          device=device, comm=comm, can_resume=True, replicas=replicas)
         import torch
 
@@ -258,12 +278,13 @@ class TorchRun(Run):
 
         self.model, self.optimizer = model, optimizer
         self.engine_steps_scheduler = scheduler is not None
-        self.scheduler = scheduler or lr_scheduler(optimizer, config, self.replicas, len(loader))
+        self.scheduler = scheduler or lr_scheduler(optimizer, config, self.replicas, self.steps_per_epoch)
         self.scaler = precision.grad_scaler(device, config.precision)
         self._autocast = lambda: precision.autocast(device, config.precision)
         self.state = state or run_state.TorchState(model, optimizer)
         self.meta = {"rung": rung, "world_size": self.world_size, "dataset": config.dataset,
-                     "train_limit": config.train_limit, "batch_size": config.batch_size, "seed": config.seed,
+                     "train_limit": config.train_limit, "batch_size": config.batch_size,
+                     "grad_accum": config.grad_accum, "seed": config.seed,
                      # ZeRO-3 leaves each parameter a partition; ds_numel is its whole size.
                      "num_params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())}
         self.store = run_state.Store(config.out_dir, self.state, self.meta, config.keep_checkpoints,
@@ -291,21 +312,35 @@ class TorchRun(Run):
     def current_lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
+    def end_micro_batch(self, loss, logits, y) -> bool:
+        """After a micro batch's backward: add its loss and accuracy to the metrics; True when it was
+        the step's last (time for the optimizer step), False while gradients are still adding up."""
+        self._add(loss, logits, y)
+        self._counted = True
+        return self.last_micro_batch
+
     def end_step(self, loss=None, logits=None, y=None) -> None:
-        """After the optimizer step: schedule, metrics, --checkpoint-every.  A rank that sees no
-        loss (a pipeline's first stage) passes nothing and counts no samples."""
+        """After the optimizer step: schedule, metrics, --checkpoint-every.  A rung that called
+        `end_micro_batch` passes nothing; one that did not passes its batch's loss, logits and
+        targets; a rank that sees no loss (a pipeline's first stage) passes nothing and counts no samples."""
         if not self.engine_steps_scheduler:
             self.scheduler.step()
-        if loss is None:
-            zero = self._torch.zeros((), device=self.device)
-            self.record(zero, zero, 0)
-        else:
-            share = self.world_size // self.replicas  # ranks that trained on this same batch: each counts its share
-            per_sample = y[0].numel()  # targets per sample: 1 for a class, seq_len for next tokens
-            self.record(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / (share * per_sample),
-                        len(y) / share)
+        if not getattr(self, "_counted", False):
+            self._add(loss, logits, y)
+        self._counted = False
+        self.count_step()
         if self.config.checkpoint_every and self.step % self.config.checkpoint_every == 0:
             self.save()
+
+    def _add(self, loss, logits, y) -> None:
+        if loss is None:
+            zero = self._torch.zeros((), device=self.device)
+            self.history.add(zero, zero, 0)
+            return
+        share = self.world_size // self.replicas  # ranks that trained on this same batch: each counts its share
+        per_sample = y[0].numel()  # targets per sample: 1 for a class, seq_len for next tokens
+        self.history.add(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / (share * per_sample),
+                         len(y) / share)
 
     def save(self) -> None:
         self.store.save(self.scheduler, self.epoch, self.step)

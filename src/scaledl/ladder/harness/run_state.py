@@ -22,7 +22,7 @@ from scaledl.checkpoint import CheckpointError
 
 # Advice every refused resume ends with: both are command lines that work on that OUT_DIR.
 START_OVER = "start the run over with --overwrite instead of --resume, or name another --out-dir"
-MATCH = ("rung", "world_size", "dataset", "train_limit", "batch_size", "num_params")
+MATCH = ("rung", "world_size", "dataset", "train_limit", "batch_size", "grad_accum", "num_params")
 
 
 class State:
