@@ -91,7 +91,8 @@ class Config:
     overwrite: bool = field(default=False, metadata={
         "flag": "--overwrite", "help": "replace the run already in OUT_DIR (default: refuse)"})
     on_nonfinite: str = field(default="stop", metadata={
-        "flag": "--on-nonfinite", "help": "when gradients become NaN/inf: stop the run, or skip the step",
+        "flag": "--on-nonfinite", "help": "when gradients become NaN/inf: stop the run (at the next log line or "
+        "checkpoint, naming the step; nothing after it is saved), or skip the step (a host sync every step)",
         "choices": ("stop", "skip")})
     max_steps: int | None = field(default=None, metadata={
         "flag": "--max-steps", "help": "stop after N optimizer steps"})

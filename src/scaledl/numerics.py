@@ -8,6 +8,14 @@ in the next collective until the timeout.
 
 Under fp16 loss scaling an infinite gradient is expected now and then: the GradScaler skips
 that step and lowers the scale, so the guard stands aside.
+
+Reading a verdict on the host (`.item()`) makes the host wait for the device, which stops a GPU's
+queue of kernels from running ahead of Python (lesson 2).  So under `stop` (the default) the
+verdict stays on the device: the guard notes the first step whose gradients were not finite and
+`check()` reads it when the run reads its metrics anyway (every --log-interval) and before any
+checkpoint is written, so the run stops a few steps later than the bad one, names it, and never
+saves what came after it.  `skip` must know before the optimizer steps, so it reads the verdict
+every step: one host sync a step, the price of skipping.
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ class NonFiniteGuard:
         self._step = step
         self.checkpoint_path = Path(checkpoint_path)
         self.skipped_steps = 0
+        self._first_bad = self._bad_loss = None  # on the device, under `stop`: the first bad step and its loss
 
     def allows_step(self, parameters, loss, step: int | None = None) -> bool:
         """True when the optimizer may step; False to skip this step; raises to stop the run."""
@@ -51,9 +60,31 @@ class NonFiniteGuard:
         norm = torch.nn.utils.get_total_norm([g.to_local() if hasattr(g, "to_local") else g for g in grads])
         if sharded:
             torch.distributed.all_reduce(norm)
+        if self.policy == "stop":
+            self._watch(norm, loss, step)  # no host sync: `check()` reads it at the next log line or checkpoint
+            return True
         if math.isfinite(norm.item()):
             return True
         return self._non_finite(loss, step, "gradients")
+
+    def _watch(self, norm, loss, step: int) -> None:
+        import torch
+
+        if self._first_bad is None:
+            self._first_bad = torch.full((), -1, dtype=torch.long, device=norm.device)
+            self._bad_loss = torch.zeros((), dtype=torch.float32, device=norm.device)
+        first = (~torch.isfinite(norm)) & (self._first_bad < 0)
+        self._first_bad = torch.where(first, step, self._first_bad)
+        self._bad_loss = torch.where(first, loss.detach().float().to(norm.device), self._bad_loss)
+
+    def check(self) -> None:
+        """Under `stop`: raise if a step since the last check had non-finite gradients (reads the device's
+        verdict: a host sync, so the run calls it where it syncs anyway, at --log-interval and before a save)."""
+        if self._first_bad is None:
+            return
+        step = int(self._first_bad.item())
+        if step >= 0:
+            self._non_finite(self._bad_loss, step, "gradients")
 
     def allows_loss(self, loss, step: int | None = None) -> bool:
         """The same verdict from the loss alone, agreed over all ranks (one tiny all-reduce):

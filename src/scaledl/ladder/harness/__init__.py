@@ -342,7 +342,12 @@ class TorchRun(Run):
         self.history.add(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / (share * per_sample),
                          len(y) / share)
 
+    def log_metrics(self) -> None:
+        self.guard.check()  # a non-finite step since the last line stops the run here (the guard reads it now)
+        super().log_metrics()
+
     def save(self) -> None:
+        self.guard.check()  # never save what came after a non-finite step
         self.store.save(self.scheduler, self.epoch, self.step)
 
     def stop_on_request(self) -> None:
