@@ -25,12 +25,15 @@ def peak_memory_bytes(device) -> int:
 
 
 def model_state_bytes(model, optimizer) -> int:
-    """Bytes of parameters, gradients and optimizer states this rank holds (its shards only,
-    for sharded models), counted from the tensors; the demo's state_bytes_per_rank."""
+    """Bytes of parameters, gradients and optimizer states this rank holds during a step (its shards
+    only, for sharded models), counted from the tensors; the demo's state_bytes_per_rank.  A gradient
+    freed between steps (`zero_grad()` sets it to None) counts as its parameter's size: backward
+    allocates it again every step."""
     import torch
 
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731  DTensor shards
-    tensors = [local(p) for p in model.parameters()] + [local(p.grad) for p in model.parameters() if p.grad is not None]
+    tensors = [local(p) for p in model.parameters()]
+    tensors += [local(p.grad if p.grad is not None else p) for p in model.parameters() if p.requires_grad]
     tensors += [local(v) for state in optimizer.state.values() for v in state.values()
                 if isinstance(v, torch.Tensor) and v.dim() > 0]
     return sum(t.numel() * t.element_size() for t in tensors)
