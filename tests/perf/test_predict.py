@@ -185,6 +185,42 @@ def test_ddp_buckets_with_and_without_overlap():
     assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, BANDWIDTH_ONLY) == pytest.approx(0.09 + last)
 
 
+def test_recomputation_adds_a_forward_and_accumulation_reduces_once():
+    busy = predict.Link(alpha_s=0.0, bandwidth_Bps=1e9, overlaps=False)
+    comm = 60 * MIB / 1e9  # the three buckets, in turn
+    # 90 ms a step, 30 of it forward: full recomputation reruns it in backward.
+    assert predict.recomputed_step_s(0.09, "full") == pytest.approx((0.12, 0.09))
+    assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, busy, recompute="full") == pytest.approx(0.12 + comm)
+    # Overlapped, the longer backward (60 + 30 ms) hides more of the 62.9 ms than 60 ms did.
+    assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, BANDWIDTH_ONLY, recompute="full") == pytest.approx(
+        0.12 + 10 * MIB / 1e9)
+    # Selective reruns what no flop count gives: its share must be measured.
+    with pytest.raises(ValueError, match="rerun_share"):
+        predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, busy, recompute="selective")
+    assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, busy, rerun_share=0.25) == pytest.approx(
+        0.09 + 0.25 * 0.03 + comm)
+    # 4 micro batches: 4 steps of compute, the buckets once.
+    assert predict.predict_step_s("ddp", 0.09, 60 * MIB, 2, busy, grad_accum=4) == pytest.approx(4 * 0.09 + comm)
+    assert predict.predict_step_s("horovod", 0.09, 60 * MIB, 2, busy, grad_accum=4, cycle_s=0) == pytest.approx(
+        4 * 0.09 + comm)
+    with pytest.raises(ValueError, match="modelled for ddp, ddp_no_overlap, horovod, not zero3"):
+        predict.predict_step_s("zero3", 0.09, 60 * MIB, 2, busy, grad_accum=4)
+
+
+def test_cli_predicts_recomputation_and_accumulation(tmp_path):
+    # 40 MB of gradients over 2 Polaris nodes: all but the last bucket hide under a 20 ms backward.
+    base = ["--system", "polaris", "--step-ms", 30, "--params", 1e7, "--ranks", 8, "--strategy", "ddp"]
+    steps = {}
+    for name, extra in (("plain", []), ("full", ["--recompute", "full"]), ("accum", ["--grad-accum", "4"])):
+        done = scaledl_predict(*base, *extra, "--json", tmp_path / f"{name}.json")
+        assert done.returncode == 0, done.stderr
+        steps[name] = json.loads((tmp_path / f"{name}.json").read_text())["rows"][0]
+    comm = steps["plain"]["comm_ms"]
+    assert steps["full"]["step_ms"] == pytest.approx(steps["plain"]["step_ms"] + 10)  # a 10 ms forward again
+    assert steps["accum"]["step_ms"] == pytest.approx(4 * 30 + comm)  # 4 micro batches, the all-reduce once
+    assert steps["accum"]["efficiency"] > steps["plain"]["efficiency"]  # the same comm over 4x the compute
+
+
 def test_a_link_that_cannot_overlap_pays_every_bucket():
     # Gloo on a CPU whose cores all compute: the three buckets add up, whatever backward's length.
     busy = predict.Link(alpha_s=0.0, bandwidth_Bps=1e9, overlaps=False)
@@ -322,6 +358,12 @@ BAD = [
      "heads"),  # the default ranks reach 256, over 4 heads
     (["--system", "polaris", "--step-ms", 5, "--model", "transformer", "--strategy", "tensor_parallel",
       "--micro-batch-size", 0], "--micro-batch-size"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e6, "--recompute", "selective"], "--rerun-share (measured)"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e6, "--rerun-share", 0.2], "leave out --rerun-share"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e6, "--grad-accum", 4], "leave out --strategy zero3"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e6, "--grad-accum", 0], "--grad-accum"),
+    (["--system", "polaris", "--step-ms", 5, "--params", 1e6, "--strategy", "pipeline", "--recompute", "full"],
+     "leave out --strategy pipeline"),
 ]
 
 

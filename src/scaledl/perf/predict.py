@@ -56,6 +56,15 @@ The model (each formula below cites where it comes from):
 * Backward takes 2/3 of forward+backward unless measured: a layer's backward costs two matmuls
   for its forward's one (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, sec. 2.1:
   6N flops per token, 2N of them forward).
+* Full recomputation (`--recompute full`) runs each block's forward again inside backward: the step
+  grows by one forward, 1/3 of it (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4: "full
+  activation recomputation ... 33% overhead"), and backward, which communication overlaps, by the
+  same.  Selective recomputation reruns only the cheap operations, whose time no flop count
+  gives: pass the measured share of the forward it reruns (`rerun_share`).
+* Gradient accumulation over N micro batches (`--grad-accum N`): N micro batches' compute, and the
+  data-parallel reduction once, overlapping the last micro batch's backward (DDP skips the
+  all-reduce in the others, `require_backward_grad_sync`; Horovod's `backward_passes_per_step`).
+  Modelled for DDP and Horovod; FSDP2 and ZeRO-3 still gather parameters every micro batch.
 
 Where its alpha and bandwidth come from matters as much as the formulas.  A collective that the
 ranks reach from compute, as a step reaches most of its collectives, waits for the rank whose compute
@@ -422,14 +431,42 @@ def pipeline_step_s(step_s: float, stages: int, micro_batches: int) -> float:
     return step_s / stages / (1 - bubble_fraction(stages, micro_batches))
 
 
-def predict_step_s(strategy: str, step_s: float, grad_bytes: float, ranks: int, link: Link,
-                   backward_fraction: float = BACKWARD_FRACTION, micro_batches: int = 8, **knobs) -> float:
-    """Predicted seconds per step at `ranks` from the measured single-device `step_s`.
+RERUN_SHARE = {"none": 0.0, "full": 1.0}  # of the forward, run again in backward; selective: measured
+ACCUMULATES = ("ddp", "ddp_no_overlap", "horovod")  # one reduction per optimizer step, whatever N
 
+
+def recomputed_step_s(step_s: float, recompute: str = "none", backward_fraction: float = BACKWARD_FRACTION,
+                      rerun_share: float | None = None) -> tuple[float, float]:
+    """(step, its backward) in seconds with `recompute`, from a step measured without: backward gains
+    `rerun_share` of a forward (1 for full recomputation; selective's must be given)."""
+    share = RERUN_SHARE.get(recompute) if rerun_share is None else rerun_share
+    if share is None:
+        raise ValueError(f"recompute {recompute!r} reruns a share of the forward no flop count gives: pass "
+                         "rerun_share (measured), or recompute none or full")
+    extra = share * (1 - backward_fraction) * step_s
+    return step_s + extra, backward_fraction * step_s + extra
+
+
+def predict_step_s(strategy: str, step_s: float, grad_bytes: float, ranks: int, link: Link,
+                   backward_fraction: float = BACKWARD_FRACTION, micro_batches: int = 8, recompute: str = "none",
+                   rerun_share: float | None = None, grad_accum: int = 1, **knobs) -> float:
+    """Predicted seconds per step at `ranks` from the measured single-device `step_s` (one micro batch,
+    without recomputation).
+
+    `recompute` and `rerun_share`: the forward run again in backward (`recomputed_step_s`); `grad_accum`:
+    micro batches per optimizer step, their reduction once (DDP and Horovod).
     Tensor parallelism takes `split_share` (the share of `step_s` in the layers it splits;
     `transformer_split_share`), `tp_allreduces` and `activation_bytes` (`tensor_parallel_collectives`).
     Where `step_s` is already one rank's step at that degree, measured without communication (as
     `scaledl bench predict` measures it), pass `split_share=0`."""
+    if grad_accum > 1 and strategy not in ACCUMULATES:
+        raise ValueError(f"gradient accumulation is modelled for {', '.join(ACCUMULATES)}, not {strategy}")
+    if recompute != "none" or rerun_share is not None:
+        micro_s, backward_s = recomputed_step_s(step_s, recompute, backward_fraction, rerun_share)
+        if strategy in SPLIT:
+            raise ValueError(f"recomputation is modelled for the data-parallel strategies, not {strategy}")
+        others = {k: v for k, v in knobs.items() if k not in TENSOR_PARALLEL_KNOBS}
+        return grad_accum * micro_s + exposed_comm_s(strategy, grad_bytes, ranks, link, backward_s, **others)
     if strategy == "pipeline":  # ranks are the stages: the same batch, split by layers
         return pipeline_step_s(step_s, ranks, micro_batches)
     if strategy == "tensor_parallel":  # ranks are the TP degree: the same batch, each layer split
@@ -440,7 +477,8 @@ def predict_step_s(strategy: str, step_s: float, grad_bytes: float, ranks: int, 
         compute = step_s * (1 - knobs["split_share"] + knobs["split_share"] / ranks)
         return compute + knobs["tp_allreduces"] * allreduce_s(knobs["activation_bytes"], ranks, link)
     others = {k: v for k, v in knobs.items() if k not in TENSOR_PARALLEL_KNOBS}
-    return step_s + exposed_comm_s(strategy, grad_bytes, ranks, link, step_s * backward_fraction, **others)
+    return grad_accum * step_s + exposed_comm_s(strategy, grad_bytes, ranks, link, step_s * backward_fraction,
+                                                **others)
 
 
 def table(step_s: float, num_params: int, system: System | None = None, link: Link | None = None,
@@ -456,16 +494,20 @@ def table(step_s: float, num_params: int, system: System | None = None, link: Li
     if (system is None) == (link is None):
         raise ValueError("give a system or a link (one of them)")
     grad_bytes = num_params * bytes_per_param
+    # One device's step doing the same work: recomputation's forward and every micro batch included.
+    local_s = knobs.get("grad_accum", 1) * recomputed_step_s(
+        step_s, knobs.get("recompute", "none"), knobs.get("backward_fraction", BACKWARD_FRACTION),
+        knobs.get("rerun_share"))[0]
     rows = []
     for strategy in strategies:
         for n in ranks:
             chosen = link or link_for(n, system)
             t = predict_step_s(strategy, step_s, grad_bytes, n, chosen, **knobs)
             split = strategy in SPLIT
-            work = step_s / n if split else step_s  # ideal: the work per rank, nothing else
+            work = step_s / n if split else local_s  # ideal: the work per rank, nothing else
             rows.append({"strategy": strategy, "ranks": n,
                          "nodes": math.ceil(n / system.ranks_per_node) if system else None,
-                         "step_ms": t * 1e3, "comm_ms": None if split else (t - step_s) * 1e3,
+                         "step_ms": t * 1e3, "comm_ms": None if split else (t - local_s) * 1e3,
                          "efficiency": work / t})
     return rows
 

@@ -81,6 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gathers", type=_positive(int), default=1,
                         help="ZeRO-3/FSDP2: units gathered one at a time per pass (layers or modules)")
     parser.add_argument("--micro-batches", type=_positive(int), default=8, help="pipeline micro batches per step")
+    parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                        help="data-parallel strategies: the forward run again in backward (selective needs "
+                        "--rerun-share)")
+    parser.add_argument("--rerun-share", type=_fraction, help="--recompute selective: the measured share of the "
+                        "forward it reruns")
+    parser.add_argument("--grad-accum", type=_positive(int), default=1,
+                        help="micro batches per optimizer step, reduced once (ddp, ddp_no_overlap, horovod)")
     parser.add_argument("--micro-batch-size", type=_positive(int), default=8,
                         help="tensor_parallel: sequences per step (its activations' size, with --model)")
     parser.add_argument("--plot", type=Path, help="write the efficiency figure here (.png)")
@@ -159,6 +166,19 @@ def resolve(args) -> dict:
         raise InputError("--alpha-us and --bandwidth-gbps go together: give both, or --system, or --comm-json")
     if args.nodes and not args.system:
         raise InputError("--nodes needs --system (it knows the ranks per node); give --ranks otherwise")
+    if args.recompute == "selective" and args.rerun_share is None:
+        raise InputError("--recompute selective reruns a share of the forward that no flop count gives: add "
+                         "--rerun-share (measured), or use --recompute full")
+    if args.rerun_share is not None and args.recompute != "selective":
+        raise InputError("--rerun-share is --recompute selective's: add it, or leave out --rerun-share")
+    others = [s for s in args.strategy if s not in predict.ACCUMULATES]
+    if args.grad_accum > 1 and others:
+        raise InputError(f"--grad-accum is modelled for {', '.join(predict.ACCUMULATES)}; leave out --strategy "
+                         f"{' '.join(others)} or --grad-accum")
+    split = [s for s in args.strategy if s in predict.SPLIT]
+    if args.recompute != "none" and split:
+        raise InputError(f"--recompute is modelled for the data-parallel strategies; leave out --strategy "
+                         f"{' '.join(split)} or --recompute")
     for flag, path in (("--plot", args.plot), ("--json", args.json)):
         if path is not None:
             check_file(path, flag)
@@ -199,7 +219,8 @@ def run(args) -> int:
         print(f"scaledl predict: error: {error}", file=sys.stderr)
         return 2
     knobs = {"bucket_bytes": args.bucket_mb * 2**20, "fusion_bytes": args.fusion_mb * 2**20,
-             "cycle_s": args.cycle_ms / 1e3, "gathers": args.gathers, **inputs["tensor_parallel"]}
+             "cycle_s": args.cycle_ms / 1e3, "gathers": args.gathers, "recompute": args.recompute,
+             "rerun_share": args.rerun_share, "grad_accum": args.grad_accum, **inputs["tensor_parallel"]}
     rows = predict.table(inputs["step_s"], inputs["num_params"], inputs["system"], inputs["link"], inputs["ranks"],
                          tuple(args.strategy), args.bytes_per_param, backward_fraction=args.backward_fraction,
                          micro_batches=args.micro_batches, **knobs)

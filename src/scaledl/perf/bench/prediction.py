@@ -36,14 +36,18 @@ STRATEGY = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3", 
 
 
 def settings(quick: bool) -> list[dict]:
-    """(variant, model, micro batch, DDP bucket MB): small to wide models, small to large batches."""
-    rows = [("ddp", SMALL, 8, None), ("ddp", MID, 8, None), ("ddp", MID, 32, None), ("ddp", MID, 8, 1.0),
-            ("zero2", MID, 8, None), ("zero3", MID, 8, None)]
+    """(variant, model, micro batch, DDP bucket MB, recompute, grad_accum): small to wide models, small to
+    large batches; full recomputation and gradient accumulation, predicted from the step without them."""
+    rows = [("ddp", SMALL, 8, None), ("ddp", MID, 8, None), ("ddp", MID, 8, 1.0), ("zero2", MID, 8, None),
+            ("zero3", MID, 8, None), ("ddp", MID, 8, None, "full"), ("ddp", MID, 8, None, "none", 4)]
     if not quick:
-        rows += [("ddp", SMALL, 32, None), ("ddp", WIDE, 8, None), ("ddp", WIDE, 8, 5.0), ("zero1", MID, 8, None),
+        rows += [("ddp", MID, 32, None), ("ddp", SMALL, 32, None), ("ddp", WIDE, 8, None), ("ddp", WIDE, 8, 5.0),
+                 ("zero1", MID, 8, None),
                  ("zero3", WIDE, 8, None), ("fsdp", MID, 8, None), ("tensor_parallel", MID, 8, None),
-                 ("tensor_parallel", WIDE, 8, None)]
-    return [{"variant": v, "model": m, "micro_batch_size": b, "bucket_cap_mb": c} for v, m, b, c in rows]
+                 ("tensor_parallel", WIDE, 8, None), ("ddp", WIDE, 8, None, "full"), ("ddp", SMALL, 8, None, "none", 4)]
+    return [{"variant": row[0], "model": row[1], "micro_batch_size": row[2], "bucket_cap_mb": row[3],
+             "recompute": row[4] if len(row) > 4 else "none", "grad_accum": row[5] if len(row) > 5 else 1}
+            for row in rows]
 
 
 def fit_links(options: Options, ranks: int) -> tuple[dict, dict, dict]:
@@ -103,6 +107,10 @@ def measure(setting: dict, ranks: int, options: Options, index: int, copies: int
             "--warmup", 5, "--micro-batch-size", setting["micro_batch_size"]]
     if setting["bucket_cap_mb"] is not None:
         args += ["--bucket-cap-mb", setting["bucket_cap_mb"]]
+    if setting.get("recompute", "none") != "none":
+        args += ["--recompute", setting["recompute"]]
+    if setting.get("grad_accum", 1) > 1:
+        args += ["--grad-accum", setting["grad_accum"]]
     name = f"setting{index}-{setting['variant']}-{ranks}{'-no-comm' if no_comm else ''}"
     out = options.out_dir / "predict" / f"{name}.json"
     if copies > 1:
@@ -131,7 +139,9 @@ def gather_knobs(model_name: str, variant: str) -> dict:
 def label(setting: dict) -> str:
     sizes = transformer_sizes(setting["model"])
     bucket = f" bucket {setting['bucket_cap_mb']:g}MB" if setting["bucket_cap_mb"] is not None else ""
-    return f"{setting['variant']} w{sizes['width']} b{setting['micro_batch_size']}{bucket}"
+    recompute = f" recompute {setting['recompute']}" if setting.get("recompute", "none") != "none" else ""
+    accum = f" accum {setting['grad_accum']}" if setting.get("grad_accum", 1) > 1 else ""
+    return f"{setting['variant']} w{sizes['width']} b{setting['micro_batch_size']}{bucket}{recompute}{accum}"
 
 
 def run(options: Options) -> dict:
@@ -160,17 +170,22 @@ def run(options: Options) -> dict:
         # 1 rank, then N ranks, back to back, so that each pair runs under the same load; full mode
         # repeats the pair 3 times and keeps the pair of median ratio: on a shared machine whole runs
         # come out slower, not single steps (the spread of the 3 ratios is in the table).
+        # The model's input is the plain micro batch's step: recomputation and accumulation are what it
+        # predicts, not what it is given.
+        plain = {**setting, "recompute": "none", "grad_accum": 1}
+        learned = {"recompute": setting["recompute"], "grad_accum": setting["grad_accum"]}
         for _ in range(options.pick(1, 3)):
-            a = (measure(setting, ranks, options, index, no_comm=True) if tensor_parallel
-                 else measure(setting, 1, options, index, copies=ranks))
+            a = (measure(plain, ranks, options, index, no_comm=True) if tensor_parallel
+                 else measure(plain, 1, options, index, copies=ranks))
             b = measure(setting, ranks, options, index)
             single_s, measured_s = stats.summary(a["laps"])["median"], stats.summary(b["laps"])["median"]
-            predicted_s = predict.predict_step_s(strategy, single_s, a["num_params"] * 4, ranks, setting_link, **knobs)
+            predicted_s = predict.predict_step_s(strategy, single_s, a["num_params"] * 4, ranks, setting_link,
+                                                 **learned, **knobs)
             pairs.append((predicted_s / measured_s, single_s, predicted_s, measured_s, a["num_params"]))
         pairs.sort()
         ratio, single_s, predicted_s, measured_s, num_params = pairs[len(pairs) // 2]
-        no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, num_params * 4, ranks, link, **knobs)
-                        if strategy == "ddp" else None)
+        no_overlap_s = (predict.predict_step_s("ddp_no_overlap", single_s, num_params * 4, ranks, link, **learned,
+                                               **knobs) if strategy == "ddp" else None)
         rows.append({"setting": label(setting), "variant": setting["variant"], "model": setting["model"],
                      "micro_batch_size": setting["micro_batch_size"], "bucket_cap_mb": setting["bucket_cap_mb"],
                      "params": num_params, "ranks": ranks, "single_ms": rounded(single_s * 1e3),
@@ -200,7 +215,8 @@ def run(options: Options) -> dict:
                          "run side by side, step by step (a synchronous step waits for its slowest rank); for "
                          f"tensor parallelism, one rank's share: the {ranks}-rank job with its all-reduces skipped, "
                          "the slowest rank each step; "
-                         "predicted_ms: single_ms plus the exposed communication (scaledl.perf.predict); "
+                         "predicted_ms: single_ms (with recomputation, plus its extra forward; with accumulation, "
+                         "times the micro batches) plus the exposed communication (scaledl.perf.predict); "
                          "ratio = predicted / measured; ratio_range: the lowest and highest ratio of the repeated "
                          "pairs (1-rank copies, then N ranks), the row showing the pair of median ratio.",
                          f"link per ring step: alpha {link.alpha_s * 1e6:.3g} us, bandwidth "

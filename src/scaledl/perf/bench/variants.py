@@ -47,16 +47,28 @@ class Variant:
     engine: object = None  # the DeepSpeed engine, for scaledl.zero_memory.measure
 
 
+# What --recompute and --grad-accum apply to here: the transformer's blocks, and the loops of these variants.
+ACCUMULATING_VARIANTS = ("plain", "ddp")
+
+
 def build(name: str, micro_batch_size: int = 32, threads: int | None = None, bucket_cap_mb: float | None = None,
-          seed: int = 0, model_name: str = "cnn") -> Variant:
+          seed: int = 0, model_name: str = "cnn", recompute: str = "none", grad_accum: int = 1) -> Variant:
+    """`recompute` (the transformer's `--recompute`) and `grad_accum` (micro batches a step, as the
+    rungs' loop: the data-parallel reduction in the last one's backward only) for plain and ddp."""
     import torch
 
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}: choose from {', '.join(VARIANTS)}")
+    if (recompute != "none" or grad_accum != 1) and name not in ACCUMULATING_VARIANTS:
+        raise ValueError(f"--recompute and --grad-accum are built for {', '.join(ACCUMULATING_VARIANTS)}, not {name}")
+    if recompute != "none" and not model_name.startswith("transformer"):
+        raise ValueError("recomputation is the transformer's blocks': pass model_name='transformer...'")
     if name in TENSOR_PARALLEL_VARIANTS and not model_name.startswith("transformer"):
         raise ValueError(f"variant {name} splits the transformer's layers: pass model_name='transformer'")
     if threads:
         torch.set_num_threads(threads)
+    if name in ACCUMULATING_VARIANTS:
+        return globals()[f"_{name}"](name, micro_batch_size, bucket_cap_mb, seed, model_name, recompute, grad_accum)
     builder = _deepspeed if name in DEEPSPEED_VARIANTS else globals()[f"_{name}"]
     return builder(name, micro_batch_size, bucket_cap_mb, seed, model_name)
 
@@ -89,7 +101,8 @@ def model_name(text: str) -> str:
     return text
 
 
-def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_name: str = "cnn"):
+def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_name: str = "cnn",
+                    recompute: str = "none"):
     """The model on `device` and one random batch for it (different on every rank)."""
     import torch
 
@@ -99,7 +112,7 @@ def model_and_batch(device, micro_batch_size: int, rank: int, seed: int, model_n
     generator = torch.Generator().manual_seed(seed + rank)
     if model_name.startswith("transformer"):  # a batch of random token ids, in the loaders' layout
         sizes = transformer_sizes(model_name)
-        model = models.transformer(**sizes)
+        model = models.transformer(**sizes, recompute=recompute)
         x = torch.randint(0, models.VOCAB_SIZE, (micro_batch_size, 1, sizes["seq_len"], 1), generator=generator)
         y = torch.randint(0, 10, (micro_batch_size,), generator=generator)
         return model.to(device), x.float().to(device), y.to(device)
@@ -120,14 +133,18 @@ def _sgd(model, **options):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **options)
 
 
-def _torch_step(model, optimizer, x, y) -> Callable[[], None]:
+def _torch_step(model, optimizer, x, y, grad_accum: int = 1) -> Callable[[], None]:
+    """One optimizer step: `grad_accum` micro batches (the same one again), gradients added up; a DDP
+    model reduces in the last one's backward only, as the rungs' loop does."""
     import torch.nn.functional as F
 
     def step() -> None:
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
+        for micro_batch in range(grad_accum):
+            if hasattr(model, "require_backward_grad_sync"):
+                model.require_backward_grad_sync = micro_batch == grad_accum - 1
+            (F.cross_entropy(model(x), y) / grad_accum).backward()
         optimizer.step()
+        optimizer.zero_grad()
 
     return step
 
@@ -139,28 +156,28 @@ def _count(model) -> int:
 # Each variant builds its model the way its rung does, by calling the rung's own `wrap` (and
 # Horovod's `distributed_optimizer`, DeepSpeed's `deepspeed_config`): what is timed here is
 # the wiring a learner reads in the rung, not a copy of it.
-def _plain(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+def _plain(name, micro_batch_size, bucket_cap_mb, seed, model_name, recompute="none", grad_accum=1) -> Variant:
     from scaledl import devices
     from scaledl.ladder import single_torch
 
     # No process group: the in-process suites build this variant in the parent, whose
     # environment the launched jobs inherit.
     device = devices.pick_device()
-    model, x, y = model_and_batch(device, micro_batch_size, 0, seed, model_name)
+    model, x, y = model_and_batch(device, micro_batch_size, 0, seed, model_name, recompute)
     model = single_torch.wrap(model, device)
-    return Variant(name, 0, 1, device, _torch_step(model, _sgd(model), x, y), _count(model), (x, y))
+    return Variant(name, 0, 1, device, _torch_step(model, _sgd(model), x, y, grad_accum), _count(model), (x, y))
 
 
-def _ddp(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:
+def _ddp(name, micro_batch_size, bucket_cap_mb, seed, model_name, recompute="none", grad_accum=1) -> Variant:
     from scaledl import distributed
     from scaledl.ladder import ddp
 
     dist = distributed.setup(seed=seed)
-    model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name)
+    model, x, y = model_and_batch(dist.device, micro_batch_size, dist.rank, seed, model_name, recompute)
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     wrapped = ddp.wrap(model, dist.device, **options)
-    return Variant(name, dist.rank, dist.world_size, dist.device, _torch_step(wrapped, _sgd(wrapped), x, y),
-                   _count(model), (x, y))
+    return Variant(name, dist.rank, dist.world_size, dist.device,
+                   _torch_step(wrapped, _sgd(wrapped), x, y, grad_accum), _count(model), (x, y))
 
 
 def _horovod(name, micro_batch_size, bucket_cap_mb, seed, model_name) -> Variant:

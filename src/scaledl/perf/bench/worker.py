@@ -64,7 +64,7 @@ def steps(args) -> None:
     if args.no_comm:
         skip_all_reduces()
     variant = variants.build(args.variant, args.micro_batch_size, args.threads, args.bucket_cap_mb,
-                             model_name=args.model)
+                             model_name=args.model, recompute=args.recompute, grad_accum=args.grad_accum)
     laps = time_steps(variant, args.steps, args.warmup, (args.together, args.copies) if args.together else None)
     if args.no_comm and variant.world_size > 1:  # no collective kept the ranks together: a step is the slowest's
         import torch.distributed as dist
@@ -288,6 +288,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096])
     parser.add_argument("--bucket-cap-mb", type=float, help="DDP's bucket size (steps)")
+    parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                        help="the transformer's --recompute (steps: plain, ddp)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro batches a step (steps: plain, ddp)")
     parser.add_argument("--bucket-sizes-mb", type=float, nargs="+", default=[25.0], help="DDP bucket sweep (comm)")
     parser.add_argument("--thresholds", type=int, nargs="+", default=[64 * 2**20])
     parser.add_argument("--no-comm", action="store_true",
