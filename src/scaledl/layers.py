@@ -16,18 +16,17 @@ tensor-parallel plan see the same module names with and without it:
   (`torch.utils.checkpoint`, non-reentrant: it works with DDP, FSDP2 and DTensor);
 - `selective`: the outputs of the matrix multiplications and of attention are kept, the cheap
   operations between them (the norms, GELU, the reshapes) run again (a policy for
-  `torch.utils.checkpoint.create_selective_checkpoint_contexts`, torch 2.4 and later; the
-  idea of Korthikanti et al. 2022, arXiv:2205.05198, section 4.2, recompute what is cheap and
-  big, as torchtitan's `selective` activation checkpointing applies it op by op).
+  `torch.utils.checkpoint.create_selective_checkpoint_contexts`, imported when a block asks for
+  it, so that a torch without it still builds the other modes; the idea of Korthikanti et al.
+  2022, arXiv:2205.05198, section 4.2, recompute what is cheap and big, as torchtitan's
+  `selective` activation checkpointing applies it op by op).
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 
 
@@ -43,12 +42,19 @@ for _name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_produc
 
 
 def _selective_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
     return CheckpointPolicy.MUST_SAVE if op in _KEEP else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _selective_contexts():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_selective_policy)
+
+
 # --recompute's modes (scaledl.models.RECOMPUTE, which a test holds equal) -> torch.utils.checkpoint's options.
-CHECKPOINT_OPTIONS = {"none": None, "selective": {"context_fn": functools.partial(
-    create_selective_checkpoint_contexts, _selective_policy)}, "full": {}}
+CHECKPOINT_OPTIONS = {"none": None, "selective": {"context_fn": _selective_contexts}, "full": {}}
 
 
 class Attention(nn.Module):

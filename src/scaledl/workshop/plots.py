@@ -612,3 +612,32 @@ def prediction_figure(labels: list[str], predicted_s: list[float], measured_s_by
     fig.legend([handles[i] for i in order], [names[i] for i in order], loc="outside lower center", ncols=3,
                fontsize=7, frameon=False)
     return fig
+
+
+def memory_stack(bars: dict, limit_bytes: float | None = None, limit_label: str = "", measured: dict | None = None,
+                 title: str = ""):
+    """Stacked bars of a training step's memory by kind, one bar a case: {label: {"params": bytes,
+    "grads": bytes, "optimizer": bytes, "activations": bytes}}; `limit_bytes` draws a device's memory,
+    `measured` ({label: bytes}) marks what a run counted for the same bar's activations."""
+    fig, ax = _figure(max(5.5, 1.6 * len(bars) + 2.5), 3.6)
+    largest = max([sum(parts.values()) for parts in bars.values()] + [limit_bytes or 0])
+    scale, unit = (1e9, "GB") if largest > 1e9 else (1e6, "MB") if largest > 1e6 else (1e3, "kB")
+    labels, bottom = list(bars), [0.0] * len(bars)
+    for key in ("params", "grads", "optimizer", "activations"):
+        values = [bars[label].get(key, 0) / scale for label in labels]
+        ax.bar(labels, values, bottom=bottom, color=COLORS[key], label=key)
+        if key == "activations" and measured:
+            for x, label in enumerate(labels):
+                if label in measured:
+                    ax.plot(x, bottom[x] + measured[label] / scale, "D", color="black", markersize=6,
+                            label="activations counted live" if x == 0 else None)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, total in enumerate(bottom):  # above the bar and its diamond
+        ax.annotate(f"{total:.3g}", (x, total), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
+    if limit_bytes:
+        ax.axhline(limit_bytes / scale, color="black", linestyle="--", linewidth=1)
+        ax.text(len(labels) - 0.5, limit_bytes / scale, limit_label, ha="right", va="bottom", fontsize=8)
+    ax.set(ylabel=f"{unit} per rank", title=title)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, frameon=False)
+    return fig

@@ -23,9 +23,12 @@ from scaledl.workshop.checks.lesson_08 import (accumulation_plan, check_accumula
 from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_reshard, check_zero_formula
 from scaledl.workshop.checks.lesson_10 import (check_bubble, check_pipeline, check_pipeline_backward,
                                                check_tensor_parallel_mlp)
+from scaledl.workshop.checks.lesson_11 import (check_activation_prediction, check_flops_per_token, check_recompute,
+                                               check_state_bytes)
 
 __all__ = [
-    "accumulation_plan", "check_accumulation", "check_accumulation_plan", "check_all_reduce", "check_binding_launch",
+    "accumulation_plan", "check_accumulation", "check_accumulation_plan", "check_activation_prediction",
+    "check_all_reduce", "check_binding_launch", "check_flops_per_token", "check_recompute", "check_state_bytes",
     "check_binding_prediction", "check_binding_verdicts", "check_bubble", "check_ddp_buckets", "check_deepspeed_config",
     "check_efficiency", "check_engine_bytes", "check_fsdp_reshard", "check_fusion",
     "check_horovod_sync", "check_in_sync", "check_parallelism_choice", "check_pipeline",
