@@ -31,6 +31,20 @@ def test_demo_runs_every_rung(tmp_path):
     assert (tmp_path / "demo.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
+def test_the_demo_shows_a_language_models_tokens_and_mfu(tmp_path):
+    result = subprocess.run([tool("scaledl"), "demo", "--rungs", "single_torch", "ddp", "--out-dir", str(tmp_path),
+                             "--model", "gpt", "--width", "32", "--depth", "1", "--heads", "2", "--seq-len", "32",
+                             "--max-steps", "6", "--log-interval", "2"],
+                            capture_output=True, text=True, timeout=600, env=launchers.local_env(2))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "demo.json").read_text())
+    for row in rows:
+        assert row["tokens_per_s"] == pytest.approx(32 * row["samples_per_s"], rel=0.01) and 0 < row["mfu"] < 1.5
+    header = next(line for line in result.stdout.splitlines() if line.startswith("rung "))
+    assert "tokens_per_s" in header and "mfu" in header
+
+
 def test_unknown_rung_is_a_one_line_error(tmp_path):
     result = subprocess.run([tool("scaledl"), "demo", "--rungs", "nope", "--out-dir", str(tmp_path)],
                             capture_output=True, text=True)

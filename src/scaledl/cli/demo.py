@@ -20,7 +20,9 @@ from scaledl.errors import CHECK_FLAGS_VAR, UserError
 from scaledl.launch_env import host_name_problem
 from scaledl.ladder import RUNGS
 
-COLUMNS = ("rung", "world_size", "samples_per_s", "test_accuracy", "state_bytes_per_rank", "peak_memory_mb", "ok")
+# tokens_per_s and mfu: a language model's rows (--model gpt passed on to the rungs), empty for the others.
+COLUMNS = ("rung", "world_size", "samples_per_s", "tokens_per_s", "mfu", "test_accuracy", "state_bytes_per_rank",
+           "peak_memory_mb", "ok")
 # A transformer small enough for seconds on a laptop's CPU (the rungs' defaults make sense on GPUs).
 SMALL_TRANSFORMER = ["--width", "64", "--depth", "2", "--heads", "4", "--seq-len", "32"]
 DEMO_FLAGS = {"tensor_parallel": SMALL_TRANSFORMER, "fsdp_tp": [*SMALL_TRANSFORMER, "--tp", "2"]}
@@ -106,6 +108,7 @@ def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), gpus: int | No
         summary = json.loads(summary_path.read_text())
         row.update(samples_per_s=summary["samples_per_s"], test_accuracy=summary["test_accuracy"],
                    state_bytes_per_rank=summary.get("state_bytes_per_rank"),
+                   tokens_per_s=summary.get("tokens_per_s"), mfu=summary.get("mfu"),
                    peak_memory_mb=round(summary["memory_bytes_per_rank"] / 2**20, 1),
                    ok=True)
     else:
@@ -116,7 +119,7 @@ def run_rung(rung: str, nproc: int, out_dir: Path, extra_args=(), gpus: int | No
 
 
 def format_table(rows: list[dict]) -> str:
-    cells = [[str(row.get(c, "")) for c in COLUMNS] for row in rows]
+    cells = [["" if row.get(c) is None else str(row[c]) for c in COLUMNS] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(COLUMNS)]
     line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths))  # noqa: E731
     return "\n".join([line(COLUMNS), line(["-" * w for w in widths]), *map(line, cells)])
