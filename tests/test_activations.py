@@ -30,6 +30,20 @@ def test_the_block_knows_the_recompute_modes_the_flags_offer():
         layers.Block(8, 2, recompute="half")
 
 
+@pytest.mark.parametrize("recompute", models.RECOMPUTE)
+@pytest.mark.parametrize("seq_len, batch, width, depth, heads", SIZES)
+def test_under_autocast_the_forward_holds_what_the_formula_says(recompute, seq_len, batch, width, depth, heads):
+    torch.manual_seed(0)
+    model = models.gpt(width, depth, heads, seq_len, recompute=recompute)
+    with torch.autocast("cpu", torch.bfloat16):
+        held, _ = activations.held_by_forward(model, torch.randint(0, 256, (batch, seq_len)))
+    assert held == activations.model_bytes(seq_len, batch, width, depth, heads, recompute, precision="bf16")
+    # bf16 keeps 5/8 of fp32's activations, not half: the residual stream and the norms stay fp32
+    if recompute == "none":
+        per_block = [activations.block_bytes(seq_len, batch, width, heads, precision=p) for p in ("bf16", "fp32")]
+        assert 0.6 < per_block[0] / per_block[1] < 0.65
+
+
 def test_one_block_holds_the_formula_less_its_input():
     block = models.gpt(64, 1, 4, 32).block0
     held, _ = activations.held_by_forward(block, torch.randn(5, 32, 64, requires_grad=True))

@@ -7,8 +7,8 @@ Measured: every tensor an operation creates during the forward (a `TorchDispatch
 one) that is still alive once the forward has returned is held for the backward, by autograd's
 saved tensors or by a recomputation's cache; its storage counts once, however many views of it
 were saved.  Parameters (and the transposed views of them a linear layer saves), the inputs and
-the output do not count.  This is the number a GPU's allocator would show as the forward's
-growth, counted here on any device, a CPU included.
+the output do not count.  A GPU's allocator shows nearly the same growth (it rounds each
+block up; the gpu tier compares them); this count works on any device, a CPU included.
 
 Predicted, per block of `scaledl.layers.Block` (s tokens, b samples, width h, a heads; e bytes a
 value, 4 in fp32), with `--recompute`:
@@ -18,10 +18,11 @@ value, 4 in fp32), with `--recompute`:
   (3*sbh), attention's output (sbh, which is also the output projection's input: a view, one
   storage) and its log-sum-exp (a*s*b), the MLP's 4h-wide input to GELU and input to the second
   layer (8*sbh).  Korthikanti et al. 2022 (arXiv:2205.05198, section 4.1) count 34*sbh + 5*a*s^2*b
-  bytes for GPT's block in 16-bit; without dropout (its three masks, sbh + a*s^2*b bytes here
-  2*sbh) that is 32*sbh + 2*a*s^2*b, and a fused attention kernel (`scaled_dot_product_attention`
-  on every device here) keeps its output and the log-sum-exp instead of the s x s softmax:
-  32*sbh in 16-bit, this formula's 16 values per s*b*h.
+  bytes for GPT's block in 16-bit with 1-byte dropout masks.  Without dropout its masks (2*sbh +
+  a*s^2*b) and the attention dropout's output (2*a*s^2*b: the softmax is kept already) go,
+  leaving 32*sbh + 2*a*s^2*b; and a fused attention kernel (which `scaled_dot_product_attention`
+  picks wherever it can) keeps its output and the softmax's log-sum-exp instead of the s x s
+  softmax: 32*sbh in 16-bit, this formula's 16 values per s*b*h.
 - selective: e * s*b * (11*h + a): the block's input (kept for the recomputation), the six linear
   layers' outputs (q, k, v, out: 4*sbh; up: 4*sbh; down: sbh) and attention's output; the norms
   and GELU run again in backward.
@@ -30,29 +31,59 @@ value, 4 in fp32), with `--recompute`:
 
 The language model adds its head (`model_bytes`): the last LayerNorm's input and statistics and
 the head's input, e * s*b * (2*h + 2), and the position ids (8 bytes each).
+
+Under autocast (`--precision bf16` or `fp16`), in bytes, not values: the matrix products and
+attention keep 16-bit tensors, but the residual stream (a block's input, and the sum after
+attention) and the LayerNorms stay fp32, and q, k and v each cast the same normalized input to
+16 bits for themselves (autocast casts per operation): 40*sbh + 16*sb + 4*a*sb a block
+(4 + 6 + 6 + 2 + 4 + 2 + 8 + 8 bytes per s*b*h: the input, three casts, q, k, v, attention's
+output, the sum, one cast, the MLP's two), 24*sbh + 4*a*sb with `selective`, 4*sbh with `full`;
+the head 6*sbh + 8*sb.  Autocast also keeps a 16-bit copy of every linear layer's weight and
+bias until its region ends (`torch.autocast`'s cast cache), 2 bytes each.  So bf16 keeps 5/8 of
+fp32's activations here, not half: Korthikanti et al.'s all-16-bit count assumes the residual
+stream and the norms in 16 bits too, and one cast for q, k and v (one fused projection).
 """
 from __future__ import annotations
 
-from scaledl.models import RECOMPUTE
+from scaledl.models import RECOMPUTE, VOCAB_SIZE
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _check(recompute: str, precision: str) -> None:
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
 
 
 def block_bytes(seq_len: int, batch: int, width: int, heads: int, recompute: str = "none",
-                bytes_per_value: int = 4) -> int:
-    """Bytes one block holds from its forward to its backward (the module docstring's formula)."""
+                bytes_per_value: int = 4, precision: str = "fp32") -> int:
+    """Bytes one block holds from its forward to its backward (the module docstring's formulas):
+    fp32 values of `bytes_per_value` bytes, or under autocast (`precision` bf16 or fp16)."""
+    _check(recompute, precision)
     tokens = seq_len * batch
+    if precision != "fp32":  # bytes: fp32 residual stream and norms, 16-bit products
+        return tokens * {"none": 40 * width + 16 + 4 * heads, "selective": 24 * width + 4 * heads,
+                         "full": 4 * width}[recompute]
     values = {"none": 16 * width + 4 + heads, "selective": 11 * width + heads, "full": width}
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     return bytes_per_value * tokens * values[recompute]
 
 
 def model_bytes(seq_len: int, batch: int, width: int, depth: int, heads: int, recompute: str = "none",
-                bytes_per_value: int = 4) -> int:
+                bytes_per_value: int = 4, precision: str = "fp32", vocab_size: int = VOCAB_SIZE) -> int:
     """Bytes the language model (`scaledl.models.gpt`) holds after its forward: its blocks, its
-    head's LayerNorm input and statistics and linear layer's input, and the position ids."""
-    head = bytes_per_value * seq_len * batch * (2 * width + 2)
+    head's LayerNorm input and statistics and linear layer's input, and the position ids; under
+    autocast, also the 16-bit copies of the linear layers' weights and biases."""
+    _check(recompute, precision)
+    tokens = seq_len * batch
     positions = 8 * seq_len  # the position ids (int64); the token ids are the input
-    return depth * block_bytes(seq_len, batch, width, heads, recompute, bytes_per_value) + head + positions
+    blocks = depth * block_bytes(seq_len, batch, width, heads, recompute, bytes_per_value, precision)
+    if precision == "fp32":
+        return blocks + bytes_per_value * tokens * (2 * width + 2) + positions
+    casts = 2 * (depth * (12 * width * width + 9 * width) + width * vocab_size + vocab_size)
+    return blocks + tokens * (6 * width + 8) + casts + positions
 
 
 def held_by_forward(module, *inputs):

@@ -18,8 +18,9 @@ PEAKS, in TFLOP/s per torch device, dense (no 2:4 sparsity), from the vendors' s
 - H200: 989 bf16, 495 TF32, 67 fp32 (NVIDIA H200 datasheet, 2023: H100 SXM's tensor cores).
 - Intel Data Center GPU Max 1550, per torch device, which under Aurora's FLAT hierarchy is one
   tile (of two per GPU): 419 bf16, 210 TF32, 26 fp32: half of Intel's 839 / 52 for the GPU at
-  1.6 GHz (Hot Chips 34, 2022).  ALCF measured 273 bf16 GEMM per tile (user-guides,
-  aurora node-performance-overview), so 65% of this peak is a good matrix multiplication there.
+  1.6 GHz (Hot Chips 34, 2022).  torchtitan counts 298-341 per tile at the 1.3 GHz Intel's
+  optimization guide gives under load; ALCF measured 273 bf16 GEMM per tile (user-guides, aurora
+  node-performance-overview), 65% of this peak.
 - AMD MI250X, per torch device (one GCD, half a module): 191.5 bf16, 47.9 fp32 (AMD's MI250X
   specification, 383 and 95.7 per module; torchtitan's 191.5 per GCD).
 - AMD MI300X: 1307 bf16, 654 TF32, 163 fp32 (AMD ROCm documentation, MI300 peak performance).
@@ -37,6 +38,7 @@ PEAKS = [
     (("h100", "nvl"), {"bf16": 835.0, "fp16": 835.0}),
     (("h100", "pcie"), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
     (("h100",), {"bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0}),
+    (("h200", "nvl"), {}),  # the NVL part runs at a lower power: no checked figure, so measured
     (("h200",), {"bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0}),
     (("max 1550",), {"bf16": 419.0, "fp16": 419.0, "tf32": 210.0, "fp32": 26.0}),
     (("mi250x",), {"bf16": 191.5, "fp16": 191.5, "fp32": 47.9}),

@@ -10,16 +10,18 @@ names tensor parallelism plans by (`attention.q`, `.k`, `.v`, `.out`, `mlp.up`, 
 Recomputation (`--recompute`) is the block's own business, so that a rung's loop and a
 tensor-parallel plan see the same module names with and without it:
 
-- `none`: autograd keeps what each operation saved for its backward (about 17 s*b*h numbers a
+- `none`: autograd keeps what each operation saved for its backward (about 16 s*b*h values a
   block, `scaledl.activations`);
 - `full`: the block keeps its input only and runs its forward again during backward
   (`torch.utils.checkpoint`, non-reentrant: it works with DDP, FSDP2 and DTensor);
 - `selective`: the outputs of the matrix multiplications and of attention are kept, the cheap
   operations between them (the norms, GELU, the reshapes) run again (a policy for
   `torch.utils.checkpoint.create_selective_checkpoint_contexts`, imported when a block asks for
-  it, so that a torch without it still builds the other modes; the idea of Korthikanti et al.
-  2022, arXiv:2205.05198, section 4.2, recompute what is cheap and big, as torchtitan's
-  `selective` activation checkpointing applies it op by op).
+  it, so that a torch without it still builds the other modes).  The idea is Korthikanti et
+  al.'s (2022, arXiv:2205.05198, section 5: recompute what is big and cheap to compute again),
+  whose selective recomputation reruns the attention core; a fused attention kernel already
+  does that, so here it is the norms and GELU.  torchtitan's op-level selective checkpointing
+  uses the same mechanism (it also recomputes every second matrix product).
 """
 from __future__ import annotations
 

@@ -46,8 +46,9 @@ MODELS = ("cnn", "transformer", "gpt")
 VOCAB_SIZE = 256  # tokens are bytes (scaledl.datasets.tokens, scaledl.corpus)
 TRANSFORMER_DEFAULTS = {"width": 1024, "depth": 8, "heads": 16, "seq_len": 128}
 # The language model's sizes, by the name of the model whose shape each one has (GPT-2: Radford et
-# al. 2019, table 2; GPT-3: Brown et al. 2020, arXiv:2005.14165, table 2.1, with 16 heads of 128 for
-# the XL and 32 of 80 for 2.7B so that heads divide the width).  Their counts here are smaller than
+# al. 2019, table 2, with the heads of the released models; GPT-3: Brown et al. 2020,
+# arXiv:2005.14165, table 2.1: 2.7B's 32 heads of 80 as there, but 16 heads of 128 for the XL,
+# whose 24 heads of 128 the table gives do not make its width of 2048).  Their counts here are smaller than
 # the names say: the vocabulary is 256 bytes, not GPT-2's 50,257 tokens (gpt_num_params).
 GPT_PRESETS = {
     "tiny": {"width": 128, "depth": 4, "heads": 4, "seq_len": 128},          # 0.88M: milliseconds a step on a CPU core

@@ -83,7 +83,7 @@ def test_tensor_parallel_runs_with_its_summary_checkpoint_and_resume(tmp_path):
 
 
 @pytest.mark.parametrize("rung, argv, message", [
-    ("tensor_parallel", ["--model", "cnn"], "tensor parallelism splits the transformer's layers"),
+    ("tensor_parallel", ["--model", "cnn"], "tensor parallelism splits a transformer's layers"),
     ("fsdp_tp", ["--tp", "3"], "--tp must divide the 1 ranks into equal groups, got 3"),
 ])
 def test_a_split_that_cannot_work_is_one_line_before_anything_starts(tmp_path, rung, argv, message):

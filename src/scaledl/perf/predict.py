@@ -57,10 +57,11 @@ The model (each formula below cites where it comes from):
   for its forward's one (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, sec. 2.1:
   6N flops per token, 2N of them forward).
 * Full recomputation (`--recompute full`) runs each block's forward again inside backward: the step
-  grows by one forward, 1/3 of it (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4: "full
-  activation recomputation ... 33% overhead"), and backward, which communication overlaps, by the
-  same.  Selective recomputation reruns only the cheap operations, whose time no flop count
-  gives: pass the measured share of the forward it reruns (`rerun_share`).
+  grows by one forward, 1/3 of it (Korthikanti et al. 2022, arXiv:2205.05198, sec. 6.2, measured
+  "an overhead of 39% for recomputing the full layer (as opposed to the expected 33%)"), and
+  backward, which communication overlaps, by the same.  Selective recomputation reruns only the
+  cheap operations, whose time no flop count gives: pass the measured share of the forward it
+  reruns (`rerun_share`).
 * Gradient accumulation over N micro batches (`--grad-accum N`): N micro batches' compute, and the
   data-parallel reduction once, overlapping the last micro batch's backward (DDP skips the
   all-reduce in the others, `require_backward_grad_sync`; Horovod's `backward_passes_per_step`).
