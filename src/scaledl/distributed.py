@@ -138,6 +138,16 @@ def find_job(env=None) -> LaunchEnv:
     return job
 
 
+def check_horovod_size(job: LaunchEnv, size: int) -> None:
+    """After `hvd.init()`: Horovod must see the ranks the launcher started.  torchrun (or a bare
+    `srun` without Horovod's MPI) starts N processes that Horovod cannot join: each `hvd.init()`
+    makes a job of one, and N copies train alone into the same directory."""
+    if size != job.world_size:
+        raise LaunchError(f"Horovod sees {size} rank{'s' * (size != 1)} but {job.launcher} started "
+                          f"{job.world_size}: start the Horovod rungs with horovodrun or mpiexec (or srun with "
+                          "Horovod's MPI), not torchrun")
+
+
 def gloo_host_problem(env, hostname: str | None = None) -> str | None:
     """Why Horovod's Gloo cannot start on this host, or None.
 

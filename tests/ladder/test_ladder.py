@@ -168,8 +168,9 @@ def unmarked(diff: list[str]) -> list[str]:
 # The limits are what each framework needs: what a learner reads in `diff base.py rung.py`
 # (docstring included).  single_torch -> ddp is the ddp-tutorial-series' 40 lines, and one more: the
 # all-reduce left out of a micro batch's backward that is not the step's last (--grad-accum); Horovod and
-# DeepSpeed have a few lines more for it too (backward_passes_per_step, the engine's own micro batch count).
-@pytest.mark.parametrize("base, rung, limit", [("single_torch", "ddp", 41), ("single_torch", "horovod_torch", 71),
+# DeepSpeed have a few lines more for it too (backward_passes_per_step, the engine's own micro batch count),
+# and Horovod one to refuse ranks it cannot join (torchrun's).
+@pytest.mark.parametrize("base, rung, limit", [("single_torch", "ddp", 41), ("single_torch", "horovod_torch", 72),
                                                ("single_tf", "horovod_tf", 100), ("ddp", "deepspeed", 107),
                                                ("ddp", "fsdp", 30), ("single_torch", "tensor_parallel", 55),
                                                ("fsdp", "fsdp_tp", 50)])
@@ -216,3 +217,20 @@ def test_the_ddp_rung_shows_what_ddp_needs():
                  "device_ids=", ".module", "destroy_process_group()", "rank == 0"):
         assert call in added, call
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rung", ["horovod_torch", "horovod_tf"])
+def test_a_horovod_rung_under_torchrun_stops_instead_of_training_alone_on_each_rank(tmp_path, rung):
+    """torchrun starts 2 processes that Horovod cannot join: each hvd.init() makes a job of one, and
+    both would train alone into the same directory.  The rung compares the two and stops."""
+    import subprocess
+
+    from scaledl.hpc import launchers
+
+    out = tmp_path / "run"
+    result = subprocess.run(launchers.torchrun(2, f"scaledl.ladder.{rung}", ["--epochs", "1", "--out-dir", str(out)]),
+                            capture_output=True, text=True, timeout=300, env=launchers.local_env(2))
+    assert result.returncode != 0 and not out.exists()
+    assert "error: Horovod sees 1 rank but torchrun started 2: start the Horovod rungs with horovodrun" \
+        in result.stderr, result.stderr[-2000:]

@@ -53,8 +53,9 @@ def main(argv=None) -> int:
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
-    distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
+    job = distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
     hvd.init()  # New Code #: rank, local_rank and size from horovodrun or MPI
+    distributed.check_horovod_size(job, hvd.size())  # New Code #: torchrun's ranks would each train alone
     pin_gpu(hvd.local_rank())  # New Code #
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none  # New Code #
     set_precision(config.precision)

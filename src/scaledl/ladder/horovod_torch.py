@@ -52,8 +52,9 @@ def main(argv=None) -> int:
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
-    distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
+    job = distributed.find_job()  # New Code #: a half-set launcher environment is one line, not a silent single rank
     hvd.init()  # New Code #: rank, local_rank and size from horovodrun or MPI
+    distributed.check_horovod_size(job, hvd.size())  # New Code #: torchrun's ranks would each train alone
     device = devices.pick_device(config.device, hvd.local_rank())  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU)
         torch.accelerator.set_device_index(device.index)
