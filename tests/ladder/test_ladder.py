@@ -222,15 +222,14 @@ def test_the_ddp_rung_shows_what_ddp_needs():
 @pytest.mark.slow
 @pytest.mark.parametrize("rung", ["horovod_torch", "horovod_tf"])
 def test_a_horovod_rung_under_torchrun_stops_instead_of_training_alone_on_each_rank(tmp_path, rung):
-    """torchrun starts 2 processes that Horovod cannot join: each hvd.init() makes a job of one, and
-    both would train alone into the same directory.  The rung compares the two and stops."""
-    import subprocess
-
-    from scaledl.hpc import launchers
-
+    """torchrun (what `scaledl launch` starts on a laptop) starts 2 processes that Horovod cannot join:
+    each hvd.init() makes a job of one, and both would train alone into the same directory.  The rung
+    compares the two and stops; `scaledl launch` names the first rank's line last (under a bare
+    torchrun the first rank to stop can take the other down before it prints)."""
     out = tmp_path / "run"
-    result = subprocess.run(launchers.torchrun(2, f"scaledl.ladder.{rung}", ["--epochs", "1", "--out-dir", str(out)]),
-                            capture_output=True, text=True, timeout=300, env=launchers.local_env(2))
+    result = subprocess.run([tool("scaledl"), "launch", "-n", "2", "--", f"scaledl.ladder.{rung}", "--epochs", "1",
+                             "--out-dir", str(out)], capture_output=True, text=True, timeout=300,
+                            env=launchers.local_env(2))
     assert result.returncode != 0 and not out.exists()
     assert "error: Horovod sees 1 rank but torchrun started 2: start the Horovod rungs with horovodrun" \
         in result.stderr, result.stderr[-2000:]
