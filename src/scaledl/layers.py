@@ -30,8 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-
-
 _aten = torch.ops.aten
 # What `selective` keeps: matrix multiplications and every fused attention kernel torch may pick
 # (the CPU's flash kernel, CUDA's flash, memory-efficient and cuDNN ones; XPU's where it has one).

@@ -124,9 +124,8 @@ def transformer(width: int = TRANSFORMER_DEFAULTS["width"], depth: int = TRANSFO
 
 
 def gpt_num_params(width: int, depth: int, seq_len: int, vocab_size: int = VOCAB_SIZE) -> int:
-    """The language model's parameter count (the module docstring's formula)."""
-    return (vocab_size + seq_len) * width + depth * (12 * width * width + 13 * width) + 2 * width \
-        + width * vocab_size + vocab_size
+    """The language model's parameter count: the classifier's, with the vocabulary as its classes."""
+    return transformer_num_params(width, depth, seq_len, vocab_size, num_classes=vocab_size)
 
 
 def gpt_flops_per_token(width: int, depth: int, seq_len: int, vocab_size: int = VOCAB_SIZE) -> int:

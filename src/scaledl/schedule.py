@@ -24,7 +24,7 @@ def lr_at(step: int, *, lr: float, global_batch_size: int, base_batch_size: int,
 def for_config(config, world_size: int, steps_per_epoch: int):
     """lr_at(step) for a `scaledl.Config`: the function every rung's scheduler calls.  The global batch
     is --batch-size x --grad-accum x the data-parallel ranks (`world_size` here); a step is an optimizer step."""
-    global_batch_size = config.batch_size * getattr(config, "grad_accum", 1) * world_size
+    global_batch_size = config.batch_size * config.grad_accum * world_size
     warmup_steps = int(round(config.warmup_epochs * steps_per_epoch))
     return lambda step: lr_at(step, lr=config.lr, global_batch_size=global_batch_size,
                               base_batch_size=config.base_batch_size, scale_lr=config.scale_lr,

@@ -169,7 +169,7 @@ class Run:
         """The loader's (micro) batches, --grad-accum of them a step, skipping those a resumed run already
         trained, until --max-steps.  An epoch's last micro batches that make no whole step are left out
         (their gradients would leak into the next epoch's first step)."""
-        accum = getattr(self.config, "grad_accum", 1)
+        accum = self.config.grad_accum
         skip = max(self.step - self.epoch * self.steps_per_epoch, 0) * accum
         for index, batch in enumerate(itertools.islice(loader, skip, self.steps_per_epoch * accum)):
             if self.done:
@@ -180,7 +180,7 @@ class Run:
     @property
     def last_micro_batch(self) -> bool:
         """Is the batch being trained the step's last (the one whose backward must reduce the gradients)?"""
-        return self.micro_batch == getattr(self.config, "grad_accum", 1) - 1
+        return self.micro_batch == self.config.grad_accum - 1
 
     def lr(self, step: int | None = None) -> float:
         """The learning rate for the next step (or `step`): linear scaling with warm-up (`scaledl.schedule`)."""
@@ -277,6 +277,7 @@ class TorchRun(Run):
         from scaledl import numerics, precision
 
         self.model, self.optimizer = model, optimizer
+        self._counted = False  # this step's micro batches already added to the metrics (end_micro_batch)
         self.engine_steps_scheduler = scheduler is not None
         self.scheduler = scheduler or lr_scheduler(optimizer, config, self.replicas, self.steps_per_epoch)
         self.scaler = precision.grad_scaler(device, config.precision)
@@ -325,7 +326,7 @@ class TorchRun(Run):
         targets; a rank that sees no loss (a pipeline's first stage) passes nothing and counts no samples."""
         if not self.engine_steps_scheduler:
             self.scheduler.step()
-        if not getattr(self, "_counted", False):
+        if not self._counted:
             self._add(loss, logits, y)
         self._counted = False
         self.count_step()
