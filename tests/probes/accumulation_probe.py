@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from report import report
+from scaledl.ladder import harness
 
 rung_name, argv = sys.argv[1], sys.argv[2:]
 count = [0]
@@ -48,5 +49,7 @@ else:
         if hasattr(dist, name):
             setattr(dist, name, counting(getattr(dist, name)))
 
-rung.main(argv)
+code = rung.main(argv)
 report(reductions=count[0])
+# As the rungs leave: past gloo's workers, without interpreter finalization (see harness.exit_process).
+harness.exit_process(code)
