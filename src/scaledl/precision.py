@@ -28,3 +28,17 @@ def grad_scaler(device, precision: str):
     import torch
 
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def fsdp_policy(precision: str):
+    """FSDP2's mixed precision for --precision: each layer's weights are all-gathered and computed on
+    in bf16 or fp16 (half the bytes sent and held of fp32's), gradients reduce-scattered in fp32 into
+    fp32 shards, and the sharded fp32 weights are the master copy the optimizer updates.  Autocast
+    alone would gather fp32 weights and cast them again inside every layer (torchtitan's FSDP
+    path uses this policy, not autocast: torchtitan/models/llama3/infra/parallelize.py)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch_dtype(precision), reduce_dtype=torch.float32)

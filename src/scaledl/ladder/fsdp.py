@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard  # New Code #
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, models, sharding  # New Code #
+from scaledl import datasets, devices, distributed, models, precision, sharding  # New Code #
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
 
@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     train_set = sharding.torch_train_set(data)
     sampler = DistributedSampler(train_set, job.world_size, job.rank, seed=config.seed)  # New Code #: 1/world_size each
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    model = wrap(models.for_config(config, data).to(device), device)
+    mixed = precision.fsdp_policy(config.precision)  # New Code #: bf16 or fp16 weights gathered, fp32 shards kept
+    model = wrap(models.for_config(config, data).to(device), device, mp_policy=mixed)  # New Code #
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader,  # New Code #: whole tensors in a checkpoint
                            state=harness.FullState(model, optimizer))  # New Code #

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh  # New Code #
 from torch.distributed.fsdp import fully_shard  # New Code #
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, meshes, models, sharding  # New Code #
+from scaledl import datasets, devices, distributed, meshes, models, precision, sharding  # New Code #
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
 from scaledl.ladder import tensor_parallel  # New Code #: its split of each block
@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     train_set = sharding.torch_train_set(data)
     sampler = DistributedSampler(train_set, dp_size, dp_rank, seed=config.seed)  # New Code #: 1/dp each, per row
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    model = wrap(models.for_config(config, data).to(device), device, mesh)  # New Code #
+    mixed = precision.fsdp_policy(config.precision)  # New Code #: bf16 or fp16 weights gathered, fp32 shards kept
+    model = wrap(models.for_config(config, data).to(device), device, mesh, mp_policy=mixed)  # New Code #
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, replicas=dp_size,  # New Code #
                            state=harness.FullState(model, optimizer))  # New Code #
