@@ -103,3 +103,36 @@ def test_a_rung_that_trains_the_cnn_only_refuses_recomputation(tmp_path, rung, f
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and not out.exists()
     assert result.stderr.count("\n") == 1 and f"unrecognized arguments: {flag} full" in result.stderr
+
+
+def test_full_blocks_recompute_through_the_function_a_rung_gives():
+    """`layers.use_checkpoint`, as the DeepSpeed rung passes DeepSpeed's checkpoint: every full block
+    runs through the function (here torch's reentrant one, which DeepSpeed's CheckpointFunction
+    follows), holds what the formula says and gives the gradients of no recomputation."""
+    from torch.utils.checkpoint import checkpoint
+
+    from scaledl import layers
+
+    calls, runs = [], []
+
+    def counted(run, x):
+        calls.append(x.shape)
+        return checkpoint(lambda t: runs.append(1) or run(t), x, use_reentrant=True)
+
+    seq_len, batch, width, depth, heads = SIZES[0]
+    tokens = torch.randint(0, 256, (batch, seq_len))
+    grads = {}
+    for recompute in ("none", "full"):
+        torch.manual_seed(0)
+        model = models.gpt(width, depth, heads, seq_len, recompute=recompute)
+        assert layers.use_checkpoint(model, counted) == (depth if recompute == "full" else 0)
+        if recompute == "full":
+            held, _ = activations.held_by_forward(model, tokens)
+            assert held == activations.model_bytes(seq_len, batch, width, depth, heads, "full")
+            assert len(calls) == depth
+        model(tokens).float().logsumexp(1).mean().backward()
+        grads[recompute] = [p.grad for p in model.parameters()]
+    assert len(calls) == 2 * depth  # the counted forward and the trained one
+    assert len(runs) == 3 * depth  # and the trained one's rerun in backward
+    for plain, recomputed in zip(grads["none"], grads["full"]):
+        torch.testing.assert_close(recomputed, plain, rtol=0, atol=1e-6)

@@ -24,6 +24,8 @@ import pytest
     ("single_tf", ["--train-limit", "100", "--batch-size", "128"], {}, "fewer than one --batch-size of 128"),
     ("single_torch", ["--dataset", "mnist", "--data-dir", "{tmp}/garbage"], {}, "is not an unsigned-byte IDX file"),
     ("deepspeed", ["--offload-params"], {}, "argument --offload-params: needs --zero-stage 3"),
+    ("deepspeed", ["--model", "gpt", "--dataset", "text", "--recompute", "selective", "--offload-activations"], {},
+     "argument --offload-activations: needs --recompute full"),
     ("horovod_torch", [], {"HOROVOD_RANK": "0"}, "half-set"),
 ])
 def test_user_errors_are_one_line(tmp_path, rung, args, env, message):

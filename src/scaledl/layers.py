@@ -81,6 +81,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    checkpoint_function = None  # `full` recomputes through torch.utils.checkpoint unless `use_checkpoint` says
+
     def __init__(self, width: int, heads: int, causal: bool = False, recompute: str = "none"):
         super().__init__()
         if recompute not in CHECKPOINT_OPTIONS:
@@ -96,7 +98,19 @@ class Block(nn.Module):
     def forward(self, x):
         if self.recompute == "none" or not torch.is_grad_enabled():
             return self.layers(x)
+        if self.recompute == "full" and self.checkpoint_function is not None:
+            return self.checkpoint_function(self.layers, x)
         return checkpoint(self.layers, x, use_reentrant=False, **CHECKPOINT_OPTIONS[self.recompute])
+
+
+def use_checkpoint(model, function) -> int:
+    """Recompute the model's `full` blocks through `function(run, x)` instead of torch.utils.checkpoint
+    (the DeepSpeed rung passes `deepspeed.checkpointing.checkpoint`, which its config's
+    activation_checkpointing section steers); returns how many blocks it set."""
+    blocks = [module for module in model.modules() if isinstance(module, Block) and module.recompute == "full"]
+    for block in blocks:
+        block.checkpoint_function = function
+    return len(blocks)
 
 
 class Embed(nn.Module):

@@ -127,9 +127,10 @@ def test_the_language_model_recomputed_on_two_ranks_equals_one_process(tmp_path,
 
 @pytest.mark.slow
 def test_deepspeed_zero3_recomputing_the_language_model_equals_one_process(tmp_path, gpt_reference):
-    # The blocks' own recomputation (torch.utils.checkpoint) under ZeRO-3's partitioned parameters.
+    # DeepSpeed's own recomputation (checkpointing.checkpoint, each block's input kept in CPU memory)
+    # under ZeRO-3's partitioned parameters.
     found = deepspeed_params(train("deepspeed", "deepspeed", tmp_path, 32, *GPT, "--recompute", "full",
-                                   "--zero-stage", "3"))
+                                   "--offload-activations", "--zero-stage", "3"))
     assert_same(gpt_reference, found)
 
 

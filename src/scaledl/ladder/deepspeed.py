@@ -1,4 +1,4 @@
-"""DeepSpeed, with ZeRO stages 0-3 and CPU offload as flags.
+"""DeepSpeed, with ZeRO stages 0-3, CPU offload and its own activation checkpointing as flags.
 
     deepspeed --num_gpus=2 --module scaledl.ladder.deepspeed --zero-stage 2     # or torchrun, mpiexec, srun
     torchrun --nproc_per_node=2 -m scaledl.ladder.deepspeed --zero-stage 3 --offload-optimizer
@@ -6,7 +6,8 @@
 `diff ddp.py deepspeed.py` is what DeepSpeed needs (marked `# New Code #`): `deepspeed.initialize` wraps
 model, optimizer and scheduler in an engine that owns backward and step, configured by a dict.  ZeRO
 partitions across ranks the optimizer states (stage 1), also the gradients (2), also the parameters
-(3); offload keeps optimizer states (and with stage 3, parameters) in CPU memory.
+(3); offload keeps optimizer states (and with stage 3, parameters) in CPU memory.  --recompute full is
+DeepSpeed's `checkpointing.checkpoint` (selective stays torch's: DeepSpeed's has no per-operation choice).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler  # New Code #
 
-from scaledl import datasets, devices, distributed, models, precision, quiet, sharding  # New Code #
+from scaledl import datasets, devices, distributed, layers, models, precision, quiet, sharding  # New Code #
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
 
@@ -26,14 +27,18 @@ RUNG = "deepspeed"
 
 # New Code #: DeepSpeed is configured by a dict (or a JSON file)
 def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = False, offload_params: bool = False,
-                     world_size: int = 1) -> dict:
+                     world_size: int = 1, offload_activations: bool = False) -> dict:
     """DeepSpeed's JSON config, from the flags every rung shares plus ZeRO's."""
     zero = {"stage": zero_stage}
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    # What checkpointing.configure reads: each block keeps its input, in CPU memory with offload (which
+    # DeepSpeed before 0.19 does only for an input partitioned across ranks: here into one piece).
+    offload = {"partition_activations": offload_activations, "cpu_checkpointing": offload_activations}
     return {
+        "activation_checkpointing": offload,
         "train_micro_batch_size_per_gpu": config.batch_size,
         "gradient_accumulation_steps": config.grad_accum,  # model.step() steps the optimizer every this many
         "train_batch_size": config.batch_size * config.grad_accum * world_size,  # DeepSpeed checks the product
@@ -71,10 +76,14 @@ def main(argv=None) -> int:
     flags.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
     flags.add_argument("--offload-optimizer", action="store_true", help="keep optimizer states in CPU memory")
     flags.add_argument("--offload-params", action="store_true", help="keep parameters in CPU memory (stage 3)")
+    flags.add_argument("--offload-activations", action="store_true",
+                       help="keep each block's input in CPU memory (--recompute full)")
     flags.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher passes it
     config, args = harness.parse(flags, argv)
     if args.offload_params and args.zero_stage != 3:  # New Code #
         flags.error("argument --offload-params: needs --zero-stage 3")
+    if args.offload_activations and config.recompute != "full":  # New Code #
+        flags.error("argument --offload-activations: needs --recompute full (it offloads each block's input)")
     if config.grad_accum > 1 and config.on_nonfinite == "skip":  # New Code #: a skipped micro batch would shift
         flags.error("--on-nonfinite skip skips a micro batch, and DeepSpeed counts micro batches to know when to "
                     "step: use --on-nonfinite stop with --grad-accum")  # New Code #
@@ -95,8 +104,12 @@ def main(argv=None) -> int:
     steps_per_epoch = len(loader) // config.grad_accum  # New Code #: the engine steps the scheduler once a step
     scheduler = harness.lr_scheduler(optimizer, config, job.world_size, steps_per_epoch)  # New Code #
     # New Code #: DeepSpeed's config from the flags, then the engine that trains
-    ds_config = deepspeed_config(config, args.zero_stage, args.offload_optimizer, args.offload_params, job.world_size)
+    ds_config = deepspeed_config(config, args.zero_stage, args.offload_optimizer, args.offload_params, job.world_size,
+                                 args.offload_activations)
     model, optimizer, scheduler = wrap(model, optimizer, scheduler, ds_config, device)
+    if config.recompute == "full":  # New Code #: the blocks recompute through DeepSpeed's checkpoint, as ds_config says
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+        layers.use_checkpoint(model, deepspeed.checkpointing.checkpoint)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, scheduler=scheduler,  # New Code #
                            state=harness.DeepSpeedState(model))  # New Code #: the engine writes its own checkpoints
     input_dtype = precision.torch_dtype(config.precision)  # New Code #: the engine casts the weights, not the data
