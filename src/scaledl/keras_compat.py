@@ -59,3 +59,40 @@ def horovod_variables(model, optimizer) -> tuple[list, list, list]:
     `apply_gradients` (or `optimizer.build`): call this after that, or the optimizer's list lacks them."""
     return (tf_variables(model.trainable_variables), tf_variables(model.variables),
             tf_variables(optimizer.variables))
+
+
+class GradientSums:
+    """--grad-accum for a TensorFlow step: each micro batch's gradients add up in variables of the
+    weights' shapes, and the step's last micro batch gets their sum to apply (and zeroes them).
+
+    Keras 3's optimizers accumulate by themselves (`gradient_accumulation_steps`), Keras 2's do not,
+    and Horovod's tape reduces every gradient it computes: so the sums are kept here, and the Horovod
+    rung averages them across ranks once a step.  With one micro batch a step nothing is kept: `add`
+    hands the gradients straight back.  Called inside a tf.function with `last` a Python bool, each
+    value traces a graph of its own, so neither checks anything at run time."""
+
+    def __init__(self, model, optimizer, micro_batches: int):
+        import tensorflow as tf
+
+        self.micro_batches = micro_batches
+        self.sums = []
+        if micro_batches > 1:
+            self.sums = [tf.Variable(tf.zeros(v.shape, tf.float32), trainable=False) for v in model.trainable_variables]
+            # The optimizer's slots now: a tf.function may make variables in its first call only, and the
+            # first call (a step's first micro batch) does not step.
+            optimizer.build(model.trainable_variables)
+
+    def add(self, gradients, last: bool):
+        """The gradients to apply now (the step's sum), or None until the step's last micro batch."""
+        if self.micro_batches == 1:
+            return gradients
+        import tensorflow as tf
+
+        for total, gradient in zip(self.sums, gradients):
+            total.assign_add(tf.cast(gradient, tf.float32))
+        if not last:
+            return None
+        summed = [total.read_value() for total in self.sums]  # read before the zeroing (tf.function keeps the order)
+        for total in self.sums:
+            total.assign(tf.zeros_like(total))
+        return summed

@@ -42,7 +42,7 @@ def test_an_accumulation_the_data_cannot_fill_is_one_line_and_creates_nothing(tm
 
 
 @pytest.mark.parametrize("rung, flags, message", [
-    ("single_tf", ["--grad-accum", "2"], "unrecognized arguments: --grad-accum 2"),
+    ("horovod_tf", ["--grad-accum", "2", "--keras-fit"], "--keras-fit steps once a batch"),
     ("pipeline", ["--grad-accum", "2"], "unrecognized arguments: --grad-accum 2"),
     ("deepspeed", ["--grad-accum", "2", "--on-nonfinite", "skip"], "--on-nonfinite skip skips a micro batch"),
     ("horovod_torch", ["--grad-accum", "2", "--adasum"], "and no --grad-accum"),

@@ -144,12 +144,23 @@ def keras_weights(path):
     return arrays
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("options", [[], ["--keras-fit"]])
-def test_horovod_tf_equals_one_process(tmp_path, tf_reference, options):
-    expected = keras_weights(tf_reference)
-    found = keras_weights(train("horovodrun", "horovod_tf", tmp_path, 64, *options) / "model.weights.h5")
+def assert_same_keras(expected_path, found_path):
+    expected, found = keras_weights(expected_path), keras_weights(found_path)
     layers = [name for name in expected if name.startswith("layers/")]  # model.fit also saves optimizer slots
     assert len(layers) == 8 and all(name in found for name in layers)
     for name in layers:
         assert np.abs(expected[name] - found[name]).max() <= TOLERANCE, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size, options", [(64, []), (64, ["--keras-fit"]), (32, ["--grad-accum", "2"])])
+def test_horovod_tf_equals_one_process(tmp_path, tf_reference, batch_size, options):
+    # With --grad-accum 2: two micro batches of 32 on each of 2 ranks, their sums averaged once a step.
+    assert_same_keras(tf_reference, train("horovodrun", "horovod_tf", tmp_path, batch_size, *options)
+                      / "model.weights.h5")
+
+
+@pytest.mark.slow
+def test_one_tensorflow_process_accumulating_equals_one_big_batch(tmp_path, tf_reference):
+    found = train("python", "single_tf", tmp_path, 32, "--grad-accum", "4", nproc=1)
+    assert_same_keras(tf_reference, found / "model.weights.h5")

@@ -23,7 +23,7 @@ from scaledl.ladder.harness.horovod_keras_fit import keras_fit  # New Code #: --
 
 RUNG = "horovod_tf"
 NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "backend", "device",  # New Code #: Horovod picks
-                *harness.MODEL_FLAGS, "grad_accum")  # the CNN only, a step a batch
+                *harness.MODEL_FLAGS)  # the CNN only
 
 
 def set_precision(precision: str) -> None:
@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     flags.add_argument("--fp16-allreduce", action="store_true", help="send gradients as fp16")
     flags.add_argument("--keras-fit", action="store_true", help="train with model.fit, averaging in its train step")
     config, args = harness.parse(flags, argv)
+    if args.keras_fit and config.grad_accum > 1:  # New Code #
+        flags.error("--keras-fit steps once a batch: train without it for --grad-accum")
     # New Code #: under gloo, a peer that stops answering fails the job after --timeout.
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(math.ceil(config.timeout)))
     os.environ.setdefault("HOROVOD_LOG_LEVEL", "fatal")  # New Code #: a lost peer is our one line, not Horovod's log
@@ -67,34 +69,42 @@ def main(argv=None) -> int:
     optimizer = tf.keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
     if fp16:  # scales the loss up so that small gradients survive in fp16
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-    run = harness.Run(RUNG, config, steps_per_epoch=len(data.y_train) // (config.batch_size * hvd.size()),  # New Code #
+    global_batch_size = config.batch_size * config.grad_accum * hvd.size()  # New Code #
+    run = harness.Run(RUNG, config, steps_per_epoch=len(data.y_train) // global_batch_size,  # New Code #
                       num_samples=len(data.y_train), device="tensorflow", comm=harness.horovod_comm(hvd))  # New Code #
     if hvd.rank() == 0:  # New Code #: one line for the job, not one per rank
         print(f"{RUNG}: {run.steps_per_epoch} steps per epoch on {hvd.size()} ranks")  # New Code #
 
+    sums = keras_compat.GradientSums(model, optimizer, config.grad_accum)  # micro batches' gradients add up here
+
     @tf.function
-    def train_step(x, y, first_batch: bool):  # New Code #
+    def train_step(x, y, last_micro_batch: bool, first_step: bool):  # New Code #
         with tf.GradientTape() as tape:
             logits = tf.cast(model(x, training=True), tf.float32)
             per_sample = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
             loss = tf.reduce_mean(per_sample)
-            scaled = keras_compat.scaled_loss(optimizer, loss)  # scaled up under fp16
-        tape = hvd.DistributedGradientTape(tape, compression=compression)  # New Code #: averages the gradients
+            scaled = keras_compat.scaled_loss(optimizer, loss / config.grad_accum)  # scaled up under fp16
+        if config.grad_accum == 1:  # New Code #: with --grad-accum the sums are averaged instead, once a step
+            tape = hvd.DistributedGradientTape(tape, compression=compression)  # New Code #: averages the gradients
         gradients = tape.gradient(scaled, keras_compat.tf_variables(model.trainable_variables))  # New Code #
-        gradients = keras_compat.gradients_to_apply(optimizer, gradients)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        if first_batch:  # New Code #: start every rank from rank 0's weights (after the optimizer made its slots)
-            hvd.broadcast_variables(model.variables, root_rank=0)
+        gradients = sums.add(gradients, last_micro_batch)  # the step's sum at its last micro batch, else None
+        if gradients is not None:
+            if config.grad_accum > 1:  # New Code #: what the tape does, on the step's sums
+                gradients = hvd.grouped_allreduce(gradients, compression=compression)
+            gradients = keras_compat.gradients_to_apply(optimizer, gradients)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        if first_step and gradients is not None:  # New Code #: start every rank from rank 0's weights (after the
+            hvd.broadcast_variables(model.variables, root_rank=0)  # optimizer made its slots in its first step)
             hvd.broadcast_variables(optimizer.variables, root_rank=0)
         return tf.reduce_sum(per_sample), tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y, tf.float32))
 
     for epoch in run.epochs() if not args.keras_fit else ():  # New Code #
         batches = sharding.tf_train_dataset(data, config.batch_size, hvd.rank(), hvd.size(), config.seed,  # New Code #
                                             epoch)  # New Code #: each rank its shard, reshuffled per epoch
-        for x, y in run.batches(batches):
+        for x, y in run.batches(batches):  # micro batches, --grad-accum a step
             optimizer.learning_rate.assign(run.lr())  # linear scaling and warm-up (scaledl.schedule)
-            loss_sum, correct = train_step(x, y, run.step == 0)  # New Code #
-            run.record(loss_sum, correct, len(y))
+            loss_sum, correct = train_step(x, y, run.last_micro_batch, run.step == 0)  # New Code #
+            run.record(loss_sum, correct, len(y))  # counts a step at its last micro batch
     if args.keras_fit:  # New Code #
         keras_fit(run, model, optimizer, data, config, compression)
 

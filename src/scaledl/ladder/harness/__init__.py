@@ -188,9 +188,11 @@ class Run:
             self.step if step is None else step)
 
     def record(self, loss_sum, correct, count: int) -> None:
-        """Count one finished step: sums over the batch stay on the device until the next log line."""
+        """Add a finished (micro) batch's sums (they stay on the device until the next log line), and count
+        a step at the step's last micro batch (--grad-accum)."""
         self.history.add(loss_sum, correct, count)
-        self.count_step()
+        if self.last_micro_batch:
+            self.count_step()
 
     def count_step(self) -> None:
         """One optimizer step done (its batches' sums already added to the history)."""
