@@ -338,7 +338,26 @@ def test_cli_tensor_parallel_counts_its_activations_from_the_model(tmp_path):
     assert rows == expected and rows[1]["step_ms"] < 40  # the split compute outweighs 12 small all-reduces
 
 
+def test_cli_prices_the_language_models_sizes_by_formula(tmp_path):
+    """gpt:PRESET: the language model's preset counted by formula (a 2.7B model is never built), its tensor
+    parallelism's activations from the preset's sizes."""
+    from scaledl import models
+
+    done = scaledl_predict("--system", "polaris", "--step-ms", 400, "--model", "gpt:gpt3-2.7b", "--nodes", 1, 2,
+                           "--strategy", "zero3", "tensor_parallel", "--json", tmp_path / "rows.json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    size = models.GPT_PRESETS["gpt3-2.7b"]
+    num_params = models.gpt_num_params(size["width"], size["depth"], size["seq_len"])
+    assert f"{num_params:,} parameters" in done.stdout
+    knobs = {**predict.tensor_parallel_collectives(size["depth"], 8, size["seq_len"], size["width"]),
+             "split_share": predict.transformer_split_share(size["width"], size["depth"], size["seq_len"])}
+    assert rows == predict.table(0.4, num_params, predict.POLARIS, ranks=[4, 8],
+                                 strategies=("zero3", "tensor_parallel"), **knobs)
+
+
 BAD = [
+    (["--system", "polaris", "--step-ms", 5, "--model", "gpt:gpt5"], "gpt:PRESET, PRESET one of tiny"),
     (["--system", "polaris", "--step-ms", 0, "--params", 1e9], "--step-ms"),
     (["--system", "polaris", "--step-ms", "nan", "--params", 1e9], "--step-ms"),
     (["--system", "polaris", "--step-ms", 5, "--params", 1e9, "--ranks", 0], "--ranks"),

@@ -50,9 +50,32 @@ def _non_negative(text: str) -> float:
     return value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scaledl.perf.bench.variants import model_name
+def model_name(text: str) -> str:
+    """An argparse type: the bench's models (cnn, resnet50, transformer[:W,D,H,L]) or a language model's
+    size, gpt:PRESET (scaledl.models.GPT_PRESETS, counted by formula: a 2.7B model is never built)."""
+    from scaledl.models import GPT_PRESETS
+    from scaledl.perf.bench import variants
 
+    if text.startswith("gpt:"):
+        if text.removeprefix("gpt:") not in GPT_PRESETS:
+            raise argparse.ArgumentTypeError(f"model {text!r}: write gpt:PRESET, PRESET one of "
+                                             f"{', '.join(GPT_PRESETS)}")
+        return text
+    try:
+        return variants.model_name(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error}; or gpt:PRESET ({', '.join(GPT_PRESETS)})") from None
+
+
+def model_sizes(model: str) -> dict:
+    """width, depth, heads and seq_len of transformer[:...] or gpt:PRESET."""
+    from scaledl.models import GPT_PRESETS
+    from scaledl.perf.bench.variants import transformer_sizes
+
+    return dict(GPT_PRESETS[model.removeprefix("gpt:")]) if model.startswith("gpt:") else transformer_sizes(model)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Predict step time and efficiency at N ranks before measuring it."
     link = parser.add_mutually_exclusive_group(required=True)
     link.add_argument("--system", choices=sorted(predict.SYSTEMS),
@@ -69,7 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="backward's share of the step (measured by the profiler; default 2/3)")
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=_positive(float), help="parameter count (1e9 for a 1B model)")
-    size.add_argument("--model", type=model_name, help="count the parameters of cnn, resnet50 or transformer:W,D,H,L")
+    size.add_argument("--model", type=model_name,
+                      help="count the parameters of cnn, resnet50, transformer:W,D,H,L or gpt:PRESET (gpt:gpt3-2.7b)")
     parser.add_argument("--bytes-per-param", type=int, choices=(2, 4), default=4, help="gradient bytes per parameter")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--ranks", type=_positive(int), nargs="+", help="rank counts (default 1 2 4 ... 256)")
@@ -145,10 +169,12 @@ def step_from_json(path: Path) -> float:
 
 def count_params(model: str) -> int:
     from scaledl import models
-    from scaledl.perf.bench.variants import transformer_sizes
 
+    if model.startswith("gpt:"):
+        sizes = model_sizes(model)
+        return models.gpt_num_params(sizes["width"], sizes["depth"], sizes["seq_len"])
     if model.startswith("transformer"):
-        sizes = transformer_sizes(model)
+        sizes = model_sizes(model)
         return models.transformer_num_params(sizes["width"], sizes["depth"], sizes["seq_len"])
     import torch  # noqa: F401  (cnn and resnet50 are counted by building them)
 
@@ -191,12 +217,10 @@ def resolve(args) -> dict:
              args.ranks or [2**i for i in range(9)])
     split = {}
     if "tensor_parallel" in args.strategy:
-        if not (args.model or "").startswith("transformer"):
+        if not (args.model or "").startswith(("transformer", "gpt:")):
             raise InputError("--strategy tensor_parallel needs --model transformer:WIDTH,DEPTH,HEADS,SEQ_LEN "
-                             "(its layers' activations are what it all-reduces)")
-        from scaledl.perf.bench.variants import transformer_sizes
-
-        sizes = transformer_sizes(args.model)
+                             "or gpt:PRESET (its layers' activations are what it all-reduces)")
+        sizes = model_sizes(args.model)
         uneven = [n for n in ranks if sizes["heads"] % n]
         if uneven:
             raise InputError(f"--strategy tensor_parallel splits the model's {sizes['heads']} heads over the ranks: "

@@ -62,6 +62,9 @@ def test_recompute(capsys):
     fails(capsys, checks.check_recompute(half), "only part of the block")
     fails(capsys, checks.check_recompute(lambda block, x: checkpoint(block, x * 2, use_reentrant=False)),
           "differs from block(x)")
+    # x detached on its way in: the weights get gradients, x none.
+    fails(capsys, checks.check_recompute(lambda block, x: checkpoint(block, x.detach(), use_reentrant=False)),
+          "backward did not reach x")
 
 
 def flops_per_token(multiplying_params, depth, width, seq_len):
@@ -76,6 +79,6 @@ def flops_per_token(multiplying_params, depth, width, seq_len):
 ])
 def test_flops_per_token(capsys, wrong, phrase):
     assert checks.check_flops_per_token(flops_per_token)
-    assert "as torch counts them" in verdict(capsys)
+    assert "FlopCounterMode counts the same less 6 for each bias and norm weight" in verdict(capsys)
     fails(capsys, checks.check_flops_per_token(untouched), "NotImplementedError")
     fails(capsys, checks.check_flops_per_token(wrong), phrase)

@@ -132,6 +132,9 @@ def check_recompute(recompute_block) -> bool:
         return _verdict(False, "the output has no graph: backward cannot reach the block's weights (was the forward "
                                "run without gradients?)")
     y.sum().backward()
+    if x.grad is None or any(p.grad is None for p in block.parameters()):
+        return _verdict(False, "backward did not reach x or every weight of the block: was x detached, or a weight "
+                               "used outside the graph? pass x itself to the recomputed function")
     grads = [p.grad.clone() for p in block.parameters()]
     grad_x = x.grad.clone()
     block.zero_grad()
@@ -184,4 +187,5 @@ def check_flops_per_token(flops_per_token) -> bool:
                     "6 flops per multiplying parameter and token (2 forward, 4 backward), plus attention's")
         return _verdict(False, f"{where}: got {got!r}, want {want:,}: {hint}")
     return _verdict(True, "6 flops per multiplying parameter and 12 per block, width and token of context: the "
-                          "model's flops per token, as torch counts them")
+                          "model's flops per token: torch's FlopCounterMode counts the same less 6 for each bias "
+                          "and norm weight (it counts matrix products only)")
