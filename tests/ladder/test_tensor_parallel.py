@@ -16,7 +16,7 @@ import pytest
 from conftest import PROBES, run, tool
 from scaledl import meshes, models
 from scaledl.hpc import jobs, launchers
-from test_equivalence import STEPS, TOLERANCE, max_difference, torch_params, train
+from test_equivalence import GPT, STEPS, TOLERANCE, gpt_reference, max_difference, torch_params, train  # noqa: F401
 
 WIDTH, DEPTH, HEADS, SEQ_LEN = 64, 2, 4, 32
 SMALL = ["--width", str(WIDTH), "--depth", str(DEPTH), "--heads", str(HEADS), "--seq-len", str(SEQ_LEN)]
@@ -53,6 +53,15 @@ def test_fsdp_tp_on_a_2x2_mesh_equals_one_process(tmp_path, reference):
     print(f"fsdp_tp: max difference {max_difference(reference, found):.2e}")
     assert max_difference(reference, found) <= TOLERANCE
     assert state_bytes(tmp_path) == held_per_rank(tp=2, dp=2)
+
+
+@pytest.mark.slow
+def test_the_language_model_split_over_2_ranks_and_recomputed_equals_one_process(tmp_path, gpt_reference):
+    # The rungs train the classifier by default (lesson 10's measurements are of it); --model gpt splits the
+    # language model's blocks the same way, its embeddings and head whole on every rank.
+    found = torch_params(train("torchrun", "tensor_parallel", tmp_path, 64, *GPT, "--recompute", "full"))
+    print(f"tensor_parallel, gpt: max difference {max_difference(gpt_reference, found):.2e}")
+    assert max_difference(gpt_reference, found) <= TOLERANCE
 
 
 @pytest.mark.slow
