@@ -56,7 +56,7 @@ def test_fsdp_tp_on_a_2x2_mesh_equals_one_process(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_the_language_model_split_over_2_ranks_and_recomputed_equals_one_process(tmp_path, gpt_reference):
+def test_the_language_model_split_over_2_ranks_and_recomputed_equals_one_process(tmp_path, gpt_reference):  # noqa: F811
     # The rungs train the classifier by default (lesson 10's measurements are of it); --model gpt splits the
     # language model's blocks the same way, its embeddings and head whole on every rank.
     found = torch_params(train("torchrun", "tensor_parallel", tmp_path, 64, *GPT, "--recompute", "full"))

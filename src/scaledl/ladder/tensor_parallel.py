@@ -4,8 +4,7 @@
 
 `diff single_torch.py tensor_parallel.py` is what tensor parallelism needs (marked `# New Code #`):
 every rank trains on the same batches, and each holds 1/world_size of every block's linear layers
-(the transformer's, `--model transformer`, the default here, whose sizes lesson 10 measures; `--model gpt`
-splits the language model's blocks alike, its embeddings and head whole on every rank).  Megatron-LM's split (Shoeybi et al.
+(the transformer's, `--model transformer`, the default here).  Megatron-LM's split (Shoeybi et al.
 2019, arXiv:1909.08053, section 3): q, k, v and the MLP's first layer are cut by output features
 (ColwiseParallel: each rank computes its own heads and its slice of the hidden layer, no
 communication), the attention's output and the MLP's second layer by input features
@@ -40,7 +39,7 @@ def wrap(model, device, mesh, **options):  # New Code #: a 1-D mesh of the ranks
 @exits_cleanly
 def main(argv=None) -> int:
     flags = harness.parser(RUNG)  # New Code #: with --backend and --timeout
-    flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting
+    flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting (lesson 10's; or gpt)
     config, _ = harness.parse(flags, argv)  # New Code #
     job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
     meshes.check_split(config, job.world_size, job.world_size)  # New Code #: before joining the group
