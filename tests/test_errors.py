@@ -22,6 +22,8 @@ import pytest
     ("single_torch", ["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": ""}, "device 'cuda' is not available"),
     ("single_torch", ["--train-limit", "32"], {}, "fewer than one --batch-size of 64"),
     ("single_tf", ["--train-limit", "100", "--batch-size", "128"], {}, "fewer than one --batch-size of 128"),
+    ("single_tf", ["--train-limit", "100", "--batch-size", "32", "--grad-accum", "4"], {},
+     "fewer than one --batch-size of 32 x --grad-accum 4"),
     ("single_torch", ["--dataset", "mnist", "--data-dir", "{tmp}/garbage"], {}, "is not an unsigned-byte IDX file"),
     ("deepspeed", ["--offload-params"], {}, "argument --offload-params: needs --zero-stage 3"),
     ("deepspeed", ["--model", "gpt", "--dataset", "text", "--recompute", "selective", "--offload-activations"], {},

@@ -35,7 +35,9 @@ def fsdp_policy(precision: str):
     in bf16 or fp16 (half the bytes sent and held of fp32's), gradients reduce-scattered in fp32 into
     fp32 shards, and the sharded fp32 weights are the master copy the optimizer updates.  Autocast
     alone would gather fp32 weights and cast them again inside every layer (torchtitan's FSDP
-    path uses this policy, not autocast: torchtitan/models/llama3/infra/parallelize.py)."""
+    path uses this policy, and no autocast: torchtitan/models/llama3/infra/parallelize.py).  The
+    rungs keep their autocast around the forward as well, so that the norms, the softmax and the
+    loss run in fp32 as on every other rung."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

@@ -23,16 +23,21 @@ So mixed precision saves no state at stage 0: 12 bytes a parameter either way, t
 costing what the halved weights and gradients saved (with Adam, 2 + 2 + 12 against 4 + 4 + 8:
 16 either way).  From stage 1 on, where fp32 pays for a master copy too, it saves: per rank
 8 + 8/N against 4 + 8/N at stage 1, 4 + 12/N against 2 + 10/N at stage 2, 16/N against 12/N at
-stage 3.  What it does halve is the activations (`scaledl.activations`) and every byte sent.  During the optimizer
-step at stage 0 DeepSpeed also holds fp32 copies of one parameter group's gradients
-(runtime/fp16/unfused_optimizer.py: `fp32_param.grad = fp16_param.grad.to(...)`), not counted
-here.  `measure` counts the same three quantities from a DeepSpeed engine's own tensors; the
-tests check the two agree at every stage and precision.
+stage 3.  What it does halve is the activations (`scaledl.activations`) and every byte sent.
+
+During the optimizer step at stage 0 DeepSpeed also holds fp32 copies of every gradient, made
+before the step and freed after it (runtime/fp16/unfused_optimizer.py, `step`): 16 bytes a
+parameter at that moment, not counted here.  `measure` counts the same three quantities from a
+DeepSpeed engine's own tensors; the tests check the two agree at every stage in fp32 and bf16
+(DeepSpeed has no fp16 on a CPU, where they run).
 
 FSDP2 (`predict_fsdp`) keeps its sharded parameters in fp32 under any --precision: they are
 the master copy.  `MixedPrecisionPolicy(param_dtype=bf16)` only makes the all-gathered copy
 (one layer at a time) 16-bit, and `reduce_dtype=fp32` reduce-scatters into fp32 gradient
-shards: (4 + 4 + 4) / N bytes a parameter, with or without bf16.
+shards: (4 + 4 + 4) / N bytes a parameter, with or without bf16.  With --grad-accum FSDP2
+keeps each micro batch's unsharded gradients, in fp32, until the step's last micro batch
+reduce-scatters them (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, `unsharded_accumulated_grad`):
+4 bytes a parameter more between micro batches.
 """
 from __future__ import annotations
 
@@ -101,6 +106,11 @@ def measure(engine) -> dict:
     stage = engine.zero_optimization_stage()
     optimizer = engine.optimizer
     parameters = list(engine.module.parameters())
+    if stage == 0 and type(optimizer).__name__ == "BF16_Optimizer":
+        # bf16 with data_types.grad_accum_dtype fp32: its master copy and gradients live in flat partitions
+        # (fp32_groups_flat_partition, fp32_groups_gradients_flat) and p.grad stays None: not counted here.
+        raise ValueError("zero_memory.measure counts the optimizers the DeepSpeed rung gets, not BF16_Optimizer's "
+                         "flat partitions")
     if stage == 0:
         # Under bf16 or fp16 the engine's optimizer wraps the torch one and keeps the fp32 master
         # weights beside it (FP16_UnfusedOptimizer.fp32_groups; the fused one's fp32_groups_flat).

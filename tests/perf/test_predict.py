@@ -350,8 +350,10 @@ def test_cli_prices_the_language_models_sizes_by_formula(tmp_path):
     size = models.GPT_PRESETS["gpt3-2.7b"]
     num_params = models.gpt_num_params(size["width"], size["depth"], size["seq_len"])
     assert f"{num_params:,} parameters" in done.stdout
+    # The split layers' flops a token against theirs plus the head's, over the 256-byte vocabulary.
+    split = size["depth"] * (6 * 12 * size["width"] ** 2 + 12 * size["seq_len"] * size["width"])
     knobs = {**predict.tensor_parallel_collectives(size["depth"], 8, size["seq_len"], size["width"]),
-             "split_share": predict.transformer_split_share(size["width"], size["depth"], size["seq_len"])}
+             "split_share": split / (split + 6 * size["width"] * models.VOCAB_SIZE)}
     assert rows == predict.table(0.4, num_params, predict.POLARIS, ranks=[4, 8],
                                  strategies=("zero3", "tensor_parallel"), **knobs)
 

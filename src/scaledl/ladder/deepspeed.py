@@ -34,8 +34,9 @@ def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = Fals
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    # What checkpointing.configure reads: each block keeps its input, in CPU memory with offload (which
-    # DeepSpeed before 0.19 does only for an input partitioned across ranks: here into one piece).
+    # What checkpointing.configure reads: each block keeps its input, in CPU memory with offload.  Partitioned
+    # (into one piece: no tensor-parallel ranks here) it is copied there plainly; unpartitioned, 0.19.8's
+    # asynchronous copy gave the recomputed block a 0-d tensor on a CPU here (under ZeRO-3, 2 ranks).
     offload = {"partition_activations": offload_activations, "cpu_checkpointing": offload_activations}
     return {
         "activation_checkpointing": offload,

@@ -1,98 +1,153 @@
 """Model parallelism, the model split across ranks as a pipeline (`torch.distributed.pipelining`).
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.pipeline --epochs 3 --microbatches 4
+    torchrun --nproc_per_node=4 -m scaledl.ladder.pipeline --model gpt --schedule 1f1b --microbatches 8
 
 Data parallelism copies the whole model to every rank; when a model does not fit on one device,
-split it instead.  Here rank 0 holds the convolutional layers and rank 1 the classifier: each
-batch is cut into micro batches, rank 0 sends each micro batch's activations to rank 1 as soon
-as they are ready (so both ranks work at once: GPipe's schedule), and gradients flow back the
-same way.  Every rank sees every sample; each updates only its own layers.  It trains in fp32
-and writes the whole model at the end (no checkpoints to resume from): those flags are not offered.
+split it instead.  Each batch is cut into micro batches; a stage sends each micro batch's
+activations to the next as soon as they are ready (so the stages work at once), and gradients flow
+back the same way.  Every rank sees every sample; each updates only its own layers.  The CNN splits
+in 2 stages (convolutions, then the classifier); a transformer (`--model gpt` or `transformer`)
+into as many stages as there are ranks, its blocks shared out evenly (the embeddings go with the
+first, the head with the last).  `--schedule` orders the micro batches' forwards and backwards:
+
+- `gpipe`: every forward, then every backward (ScheduleGPipe): a stage holds all m micro batches'
+  activations at the backward's start;
+- `1f1b`: after p - 1 warm-up forwards, one forward and one backward in turn (Schedule1F1B): the
+  same bubble, (p - 1)/(m + p - 1) of the step, and at most p micro batches' activations held;
+- `interleaved`: each rank holds two chunks of the model, v = 2 virtual stages (rank r: chunks r
+  and r + p), so the bubble shrinks to (p - 1)/(v·m + p - 1) for more sends
+  (ScheduleInterleaved1F1B; Narayanan et al. 2021, arXiv:2104.04473, section 2.2).
+
+It trains in fp32 and writes the whole model at the end (no checkpoints to resume from): those
+flags are not offered.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
 import torch.nn.functional as F
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.utils.data import DataLoader, RandomSampler
 
 from scaledl import datasets, devices, distributed, models, sharding
+from scaledl.config import ConfigError
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
-from scaledl.config import ConfigError
 
 RUNG = "pipeline"
 SPLIT_AT = 6  # the CNN's index of Flatten: convolutions on rank 0, classifier on rank 1
-# Its stages split the CNN (SPLIT_AT): the transformer's flags are refused like the others.
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision", *harness.MODEL_FLAGS,
+NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision",
                 "grad_accum")  # its --microbatches are its accumulation
+# --schedule -> torch.distributed.pipelining's class, and the model chunks each rank holds.
+SCHEDULES = {"gpipe": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1), "interleaved": ("ScheduleInterleaved1F1B", 2)}
 
 
-def check_stages(num_stages: int) -> None:
-    if num_stages != 2:
-        raise ConfigError(f"the pipeline rung splits its model in 2 stages; run it with 2 ranks, not {num_stages}")
+def split_model(model: torch.nn.Sequential, num_chunks: int, model_name: str = "cnn") -> list[torch.nn.Sequential]:
+    """The model cut into `num_chunks` consecutive pieces.  Each keeps its layers' names, so the pieces'
+    state dicts merge back into the whole model's."""
+    if model_name == "cnn":
+        if num_chunks != 2:
+            raise ConfigError(f"the pipeline rung splits the CNN in 2 stages; run it with 2 ranks and --schedule gpipe "
+                              f"or 1f1b, or split a transformer (--model gpt), not {num_chunks} stages")
+        return [model[:SPLIT_AT], model[SPLIT_AT:]]
+    names = [name for name, _ in model.named_children()]
+    blocks = [name for name in names if name.startswith("block")]
+    if len(blocks) % num_chunks:
+        raise ConfigError(f"--depth {len(blocks)} blocks do not split evenly into {num_chunks} pipeline stages: "
+                          f"give a --depth that {num_chunks} divides")
+    per_chunk = len(blocks) // num_chunks
+    first, last = names.index(blocks[0]), names.index(blocks[-1])
+    pieces = []
+    for chunk in range(num_chunks):
+        start = first + chunk * per_chunk
+        taken = names[start:start + per_chunk]
+        taken = (names[:first] if chunk == 0 else []) + taken + (names[last + 1:] if chunk == num_chunks - 1 else [])
+        pieces.append(torch.nn.Sequential(OrderedDict((name, getattr(model, name)) for name in taken)))
+    return pieces
 
 
-def split_model(model: torch.nn.Sequential, num_stages: int) -> list[torch.nn.Sequential]:
-    check_stages(num_stages)
-    # Slicing a Sequential keeps the layers' names, so the stages' state dicts merge back into the whole.
-    return [model[:SPLIT_AT], model[SPLIT_AT:]]
+def schedule_class(name: str):
+    """The installed torch's class for --schedule (one line where it has none)."""
+    found = getattr(pipelining, SCHEDULES[name][0], None)
+    if found is None:
+        raise ConfigError(f"--schedule {name} needs torch.distributed.pipelining.{SCHEDULES[name][0]}, which torch "
+                          f"{torch.__version__} lacks: use --schedule gpipe, or a newer torch")
+    return found
 
 
 @exits_cleanly
 def main(argv=None) -> int:
     flags = harness.parser(RUNG, without=NOT_HONOURED)
     flags.add_argument("--microbatches", type=int, default=4, help="micro batches per batch (pipeline depth)")
+    flags.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe",
+                       help="the order of the micro batches' forwards and backwards")
     config, args = harness.parse(flags, argv)
     if args.microbatches < 1 or config.batch_size % args.microbatches:
         flags.error(f"argument --microbatches: must divide --batch-size {config.batch_size}, got {args.microbatches}")
     job = distributed.find_job()
-    check_stages(job.world_size)  # before joining the group
+    chunks_per_rank = SCHEDULES[args.schedule][1]
+    Schedule = schedule_class(args.schedule)
+    data = datasets.for_config(config)
+    torch.manual_seed(config.seed)  # every rank builds the same whole model, then keeps its own chunks
+    full_model = models.for_config(config, data)
+    pieces = split_model(full_model, job.world_size * chunks_per_rank, config.model)  # before joining the group
     device = devices.pick_device(config.device, job.local_rank)
     if device.index is not None:
         torch.accelerator.set_device_index(device.index)
     dist.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank, world_size=job.world_size,
                             **distributed.rendezvous(job, config.timeout))
-    rank, is_first = job.rank, job.rank == 0
-    torch.manual_seed(config.seed)  # every rank builds the same whole model, then keeps its own stage
+    rank, is_first, is_last = job.rank, job.rank == 0, job.rank == job.world_size - 1
 
-    data = datasets.load_dataset(config.dataset, config.data_dir, config.train_limit)
     train_set = sharding.torch_train_set(data)
     # No data parallelism: every stage walks the same batches in the same order.
     order = torch.Generator()
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=RandomSampler(train_set, generator=order),
                         drop_last=True)
-    full_model = models.for_dataset(data)
-    model = split_model(full_model, job.world_size)[rank].to(device)
-    stage = PipelineStage(model, rank, job.world_size, device)
-    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches,
-                             loss_fn=lambda logits, y: F.cross_entropy(logits.float(), y))
+    # Rank r holds chunk r (and, interleaved, chunk r + p): stage index = chunk index.
+    mine = [rank + k * job.world_size for k in range(chunks_per_rank)]
+    model = torch.nn.ModuleList(pieces[index].to(device) for index in mine)
+    stages = [pipelining.PipelineStage(chunk, index, len(pieces), device) for chunk, index in zip(model, mine)]
+    loss_fn = lambda logits, y: F.cross_entropy(logits.float(), y)  # noqa: E731
+    try:
+        schedule = Schedule(stages if chunks_per_rank > 1 else stages[0], n_microbatches=args.microbatches,
+                            loss_fn=loss_fn)
+    except ValueError as error:  # a micro batch count the schedule cannot order, in torch's words
+        raise ConfigError(f"--schedule {args.schedule} with --microbatches {args.microbatches} on {job.world_size} "
+                          f"ranks: {error}") from None
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     # The global batch is one rank's batch: the learning rate scales with world size 1.
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, state=harness.StageState(model, optimizer),
                            scheduler=harness.lr_scheduler(optimizer, config, 1, len(loader)))
+    if is_first:
+        print(f"{RUNG}: {len(pieces)} stages of {config.model} on {job.world_size} ranks, {args.schedule}, "
+              f"{args.microbatches} micro batches a step, {device.type}")
 
     for epoch in run.epochs():
         order.manual_seed(config.seed + epoch)
         for x, y in run.batches(loader):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
-            if is_first:  # forward and backward of every micro batch, sending activations on
-                schedule.step(x)
-                loss = logits = None  # the first stage sees no loss: it counts no samples
-            else:  # receives activations, computes the loss, sends gradients back
+            loss = logits = None  # only the last stage sees the loss: it alone counts samples
+            if is_last:  # computes the loss, sends gradients back (and, the only stage, everything)
                 losses = []
-                logits = schedule.step(target=y, losses=losses)
+                logits = schedule.step(x, target=y, losses=losses) if is_first else schedule.step(target=y,
+                                                                                                   losses=losses)
                 loss = torch.stack(losses).detach().mean()
+            elif is_first:  # forward and backward of every micro batch, sending activations on
+                schedule.step(x)
+            else:  # receives activations, sends them on; receives gradients, sends them back
+                schedule.step()
             optimizer.step()
             run.scheduler.step()  # this rung's own schedule (the harness steps none it is given)
             run.end_step(loss, logits, y)
 
-    # Gather the stages into the whole model on every rank, evaluate it there, and save it.
-    stages = [None] * job.world_size
-    dist.all_gather_object(stages, {k: v.cpu() for k, v in model.state_dict().items()})
-    full_model.load_state_dict({k: v for part in stages for k, v in part.items()})
+    # Gather the chunks into the whole model on every rank, evaluate it there, and save it.
+    parts = [None] * job.world_size
+    dist.all_gather_object(parts, {k: v.cpu() for chunk in model for k, v in chunk.state_dict().items()})
+    full_model.load_state_dict({k: v for part in parts for k, v in part.items()})
     test_loss, test_accuracy = sharding.evaluate_torch(full_model.to(device), data, 0, 1, device)
     if run.is_main:
         torch.save(full_model.state_dict(), f"{config.out_dir}/model.pt")

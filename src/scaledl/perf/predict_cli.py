@@ -221,13 +221,18 @@ def resolve(args) -> dict:
             raise InputError("--strategy tensor_parallel needs --model transformer:WIDTH,DEPTH,HEADS,SEQ_LEN "
                              "or gpt:PRESET (its layers' activations are what it all-reduces)")
         sizes = model_sizes(args.model)
+        from scaledl.models import VOCAB_SIZE
+
+        # The language model's head (width x vocabulary, whole on every rank) is its unsplit share.
+        vocab = {"num_classes": VOCAB_SIZE} if args.model.startswith("gpt:") else {}
         uneven = [n for n in ranks if sizes["heads"] % n]
         if uneven:
             raise InputError(f"--strategy tensor_parallel splits the model's {sizes['heads']} heads over the ranks: "
                              f"{', '.join(map(str, uneven))} ranks do not divide them; give --ranks that do")
         split = {**predict.tensor_parallel_collectives(sizes["depth"], args.micro_batch_size, sizes["seq_len"],
                                                        sizes["width"], args.bytes_per_param),
-                 "split_share": predict.transformer_split_share(sizes["width"], sizes["depth"], sizes["seq_len"])}
+                 "split_share": predict.transformer_split_share(sizes["width"], sizes["depth"], sizes["seq_len"],
+                                                                **vocab)}
     return {"step_s": args.step_ms / 1e3 if args.step_ms else step_from_json(args.step_json),
             "num_params": int(args.params) if args.params else count_params(args.model),
             "system": system, "link": link, "ranks": sorted(set(ranks)), "tensor_parallel": split}

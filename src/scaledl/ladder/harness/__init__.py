@@ -124,10 +124,12 @@ class Run:
         # but under tensor parallelism, whose world_size / replicas ranks share each batch (and count it once).
         self.replicas = replicas or self.world_size
         if steps_per_epoch < 1:
+            accum = f" x --grad-accum {config.grad_accum}" if config.grad_accum > 1 else ""
             raise DataError(
                 f"{num_samples} training samples give each of {self.world_size} ranks "
-                f"{num_samples // self.world_size}, fewer than one --batch-size of {config.batch_size}: use more "
-                "data (--train-limit), a smaller --batch-size, or fewer ranks")
+                f"{num_samples // self.world_size}, fewer than one --batch-size of {config.batch_size}{accum}: use "
+                f"more data (--train-limit), a smaller --batch-size{' or --grad-accum' if accum else ''}, or fewer "
+                "ranks")
         self.steps_per_epoch = steps_per_epoch
         self.log = get_logger(self.rank)
         self.epoch = self.step = 0
