@@ -123,3 +123,7 @@ else:
         report(rank=setup.rank, world_size=setup.world_size, settings=json.loads(settings), units=units,
                backward_order=backward_order, calls=dict(calls), numel=dict(numel))
         engine.destroy()
+# Leave as the rungs do (scaledl.distributed.exit_process): every group's collectives finished, past gloo's
+# workers, without interpreter finalization, which can abort a finished rank while a group is still held.
+distributed.teardown()
+distributed.exit_process(0)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import scaledl
 from report import report
-from scaledl import models
+from scaledl import distributed, models
 from scaledl.ladder import deepspeed as deepspeed_rung
 
 stage = int(sys.argv[1])
@@ -23,3 +23,7 @@ for step in range(2):
     engine.backward(F.cross_entropy(engine(x), y))
     engine.step()
 report(rank=dist.rank, engine_device=str(engine.device), local_rank=os.environ["LOCAL_RANK"], steps=step + 1)
+# Leave as the rungs do (scaledl.distributed.exit_process): every group's collectives finished, past gloo's
+# workers, without interpreter finalization, which can abort a finished rank while a group is still held.
+distributed.teardown()
+distributed.exit_process(0)
