@@ -1,6 +1,7 @@
 """The pipeline rung's schedules on the language model: GPipe, 1F1B and interleaved 1F1B split the model,
 not the batch, so each must end where one process with the same batch ends; and the inputs a schedule
 cannot take are one line before anything is written."""
+import json
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from conftest import tool
+from scaledl import pipeline_events
 from scaledl.ladder import pipeline
 from test_equivalence import GPT, assert_same, train
 
@@ -28,6 +30,22 @@ def test_each_schedule_equals_one_process_with_the_same_batch(tmp_path, gpt4_ref
     train("torchrun", "pipeline", tmp_path, 64, *GPT4, "--schedule", schedule, "--microbatches", str(microbatches),
           nproc=ranks)
     assert_same(gpt4_reference, torch.load(tmp_path / "model.pt", weights_only=True))
+    # What each stage held at most, in micro batches, from its own events: GPipe all of them, 1F1B at most
+    # p - stage (its warm-up forwards, then one backward for each forward).
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    peaks = [int(n) for n in summary["peak_in_flight"].split(",")]
+    if schedule == "gpipe":
+        assert peaks == [microbatches] * ranks
+    elif schedule == "1f1b":
+        assert peaks == [min(ranks - stage, microbatches) for stage in range(ranks)]
+    else:  # two chunks a rank, 2p virtual stages: each holds fewer than GPipe's m
+        assert len(peaks) == 2 * ranks and max(peaks) < 2 * microbatches
+    chunks = 2 if schedule == "interleaved" else 1
+    assert summary["bubble_predicted"] == round(pipeline_events.predicted_bubble(ranks, microbatches, chunks), 4)
+    assert 0 < summary["bubble"] < 1
+    events = json.loads((tmp_path / "pipeline_events.json").read_text())["events"]
+    steps = {event[0] for event in events}
+    assert len(events) == len(steps) * 2 * microbatches * ranks * chunks  # a forward and a backward each
 
 
 def test_the_stages_split_the_blocks_evenly_and_keep_their_names():
@@ -73,3 +91,14 @@ def test_a_torch_without_the_schedule_is_named(monkeypatch):
     monkeypatch.delattr(pipeline.pipelining, "ScheduleInterleaved1F1B")
     with pytest.raises(pipeline.ConfigError, match="--schedule interleaved needs .*ScheduleInterleaved1F1B"):
         pipeline.schedule_class("interleaved")
+
+
+def test_the_bubble_and_the_peak_read_from_events():
+    """Two stages, two micro batches, GPipe's order with unit times: stage 0 runs F0 F1 at 0-2, waits, B1 B0
+    at 4-6; stage 1 F0 F1 at 1-3, B1 B0 at 3-5.  The step spans 0-6: each stage busy 4 of 6."""
+    events = [[1, 0, 0, "F", 0, 0, 1], [1, 0, 0, "F", 1, 1, 2], [1, 1, 1, "F", 0, 1, 2], [1, 1, 1, "F", 1, 2, 3],
+              [1, 1, 1, "B", 1, 3, 4], [1, 1, 1, "B", 0, 4, 5], [1, 0, 0, "B", 1, 4, 5], [1, 0, 0, "B", 0, 5, 6]]
+    assert pipeline_events.bubble(events) == pytest.approx(1 / 3)
+    assert [pipeline_events.peak_in_flight(events, stage) for stage in (0, 1)] == [2, 2]
+    assert pipeline_events.predicted_bubble(2, 2) == pytest.approx(1 / 3)
+    assert pipeline_events.predicted_bubble(4, 8, chunks_per_rank=2) == pytest.approx(3 / 19)

@@ -32,7 +32,7 @@ import torch.distributed.pipelining as pipelining
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler
 
-from scaledl import datasets, devices, distributed, models, sharding
+from scaledl import datasets, devices, distributed, models, pipeline_events, sharding
 from scaledl.config import ConfigError
 from scaledl.exits import exits_cleanly
 from scaledl.ladder import harness
@@ -110,6 +110,9 @@ def main(argv=None) -> int:
     mine = [rank + k * job.world_size for k in range(chunks_per_rank)]
     model = torch.nn.ModuleList(pieces[index].to(device) for index in mine)
     stages = [pipelining.PipelineStage(chunk, index, len(pieces), device) for chunk, index in zip(model, mine)]
+    clock = pipeline_events.Clock(rank)  # each stage's forwards and backwards, timed: the bubble, measured
+    for stage in stages:
+        clock.watch(stage)
     loss_fn = lambda logits, y: F.cross_entropy(logits.float(), y)  # noqa: E731
     try:
         schedule = Schedule(stages if chunks_per_rank > 1 else stages[0], n_microbatches=args.microbatches,
@@ -130,6 +133,7 @@ def main(argv=None) -> int:
         for x, y in run.batches(loader):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
+            clock.step = run.step
             loss = logits = None  # only the last stage sees the loss: it alone counts samples
             if is_last:  # computes the loss, sends gradients back (and, the only stage, everything)
                 losses = []
@@ -144,15 +148,24 @@ def main(argv=None) -> int:
             run.scheduler.step()  # this rung's own schedule (the harness steps none it is given)
             run.end_step(loss, logits, y)
 
-    # Gather the chunks into the whole model on every rank, evaluate it there, and save it.
-    parts = [None] * job.world_size
+    # Gather the chunks into the whole model on every rank, evaluate it there, and save it; and every
+    # stage's events: the bubble and the micro batches each stage held, measured against the schedule's.
+    parts, events = [None] * job.world_size, [None] * job.world_size
     dist.all_gather_object(parts, {k: v.cpu() for chunk in model for k, v in chunk.state_dict().items()})
+    dist.all_gather_object(events, clock.events)
+    events = [event for rank_events in events for event in rank_events]
     full_model.load_state_dict({k: v for part in parts for k, v in part.items()})
     test_loss, test_accuracy = sharding.evaluate_torch(full_model.to(device), data, 0, 1, device)
     if run.is_main:
         torch.save(full_model.state_dict(), f"{config.out_dir}/model.pt")
+        pipeline_events.save(events, f"{config.out_dir}/pipeline_events.json")
     stage_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    run.finish(test_accuracy, stage_param_bytes=stage_bytes)
+    run.finish(test_accuracy, stage_param_bytes=stage_bytes, schedule=args.schedule,
+               bubble=round(pipeline_events.bubble(events), 4),
+               bubble_predicted=round(pipeline_events.predicted_bubble(job.world_size, args.microbatches,
+                                                                       chunks_per_rank), 4),
+               peak_in_flight=",".join(str(pipeline_events.peak_in_flight(events, index))  # a stage's micro batches
+                                       for index in range(len(pieces))))
     dist.destroy_process_group()
     return 0
 

@@ -1,0 +1,78 @@
+"""What a pipeline schedule did, from the stages' own clocks: each micro batch's forward and backward
+on each stage, when it started and ended, and what follows from them (the bubble, the activations
+each stage held at most).  Imports nothing heavy; the pipeline rung records, any process reads.
+
+An event is `[step, rank, stage, kind, micro_batch, start_s, end_s]`, kind "F" or "B" (a rank holds
+two stages under the interleaved schedule), the times on the
+host's monotonic clock (CLOCK_MONOTONIC on Linux: one clock for every process of a node, so the
+stages' rows line up in a figure).  `Clock.watch(stage)` records the forwards and backwards a
+`torch.distributed.pipelining.PipelineStage` runs (its `forward_one_chunk` and `backward_one_chunk`,
+which every schedule of torch 2.4 and later calls); receiving and sending are not inside them, so a
+stage's busy time is its compute only and waiting shows as idle.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+
+class Clock:
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.events: list[list] = []
+        self.step = 0  # the rung sets it before each schedule.step
+
+    def watch(self, stage) -> None:
+        """Record `stage`'s forwards and backwards (its `stage_index` names its row)."""
+        for kind, name in (("F", "forward_one_chunk"), ("B", "backward_one_chunk")):
+            setattr(stage, name, self._timed(getattr(stage, name), stage.stage_index, kind))
+
+    def _timed(self, run, stage_index: int, kind: str):
+        def timed(chunk, *args, **kwargs):
+            start = time.monotonic()
+            try:
+                return run(chunk, *args, **kwargs)
+            finally:
+                self.events.append([self.step, self.rank, stage_index, kind, chunk, start, time.monotonic()])
+        return timed
+
+
+def peak_in_flight(events: list, stage: int) -> int:
+    """The most micro batches whose forward had run on `stage` and whose backward had not, in any step:
+    the activations a stage holds at most, in micro batches (GPipe: all m; 1F1B: at most p - stage)."""
+    peak = 0
+    for step in sorted({e[0] for e in events}):
+        held = 0
+        for event in sorted((e for e in events if e[0] == step and e[2] == stage), key=lambda e: e[5]):
+            held += 1 if event[3] == "F" else -1
+            peak = max(peak, held)
+    return peak
+
+
+def bubble(events: list, skip_first: bool = True) -> float:
+    """The share of each step the ranks sat idle, averaged over ranks and steps: each step's span runs
+    from its first forward's start to its last backward's end, on any rank (the first step, which
+    includes the schedule's set-up, is left out when there are more)."""
+    steps = sorted({e[0] for e in events})
+    if skip_first and len(steps) > 1:
+        steps = steps[1:]
+    shares = []
+    for step in steps:
+        mine = [e for e in events if e[0] == step]
+        span = max(e[6] for e in mine) - min(e[5] for e in mine)
+        for rank in sorted({e[1] for e in mine}):
+            busy = sum(e[6] - e[5] for e in mine if e[1] == rank)
+            shares.append(1 - busy / span if span > 0 else 0.0)
+    return sum(shares) / len(shares) if shares else float("nan")
+
+
+def predicted_bubble(stages: int, micro_batches: int, chunks_per_rank: int = 1) -> float:
+    """(p - 1) / (v·m + p - 1): GPipe and 1F1B (v = 1), interleaved with v chunks a rank (Narayanan et
+    al. 2021, arXiv:2104.04473, section 2.2), for p ranks, m micro batches and equal stages."""
+    return (stages - 1) / (chunks_per_rank * micro_batches + stages - 1)
+
+
+def save(events: list, path) -> None:
+    """The events as JSON (`scaledl.workshop.plots.pipeline_timeline` draws them)."""
+    with open(path, "w") as f:
+        json.dump({"fields": ["step", "rank", "stage", "kind", "micro_batch", "start_s", "end_s"], "events": events}, f)
