@@ -1,4 +1,5 @@
 """Every lesson figure draws from realistic numbers and shows what its caption claims."""
+import matplotlib
 import numpy as np
 import pytest
 
@@ -109,6 +110,19 @@ def test_zero_memory_stacks_the_three_kinds():
 def test_pipeline_bubble_matches_the_formula_for_equal_stages(microbatches):
     fig = plots.pipeline_schedule([0.001, 0.001], [0.002, 0.002], microbatches)
     assert fig.bubble == pytest.approx(1 / (microbatches + 1))
+    drawn(fig)
+
+
+def test_the_measured_pipeline_timeline_draws_each_event_on_its_rank():
+    events = [[3, 0, 0, "F", 0, 10.0, 10.001], [3, 0, 0, "F", 1, 10.001, 10.002], [3, 1, 1, "F", 0, 10.001, 10.002],
+              [3, 1, 1, "F", 1, 10.002, 10.003], [3, 1, 1, "B", 1, 10.003, 10.004], [3, 1, 1, "B", 0, 10.004, 10.005],
+              [3, 0, 0, "B", 1, 10.004, 10.005], [3, 0, 0, "B", 0, 10.005, 10.006],
+              [2, 0, 0, "F", 0, 1.0, 9.0]]  # an earlier step, not drawn
+    fig = plots.pipeline_timeline(events)
+    bars = [p for p in fig.axes[0].patches if p.get_facecolor()[:3] != matplotlib.colors.to_rgb(plots.COLORS["idle"])]
+    assert len(bars) == 8 and fig.bubble == pytest.approx(1 / 3)
+    assert sorted({round(b.get_y() + b.get_height() / 2) for b in bars}) == [0, 1]  # one row a rank
+    assert [t.get_text() for t in fig.axes[0].texts][:2] == ["F0", "F1"]
     drawn(fig)
 
 

@@ -244,6 +244,33 @@ def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
     return fig
 
 
+def pipeline_timeline(events: list, step: int | None = None, title: str = ""):
+    """One step of a pipeline as it ran (`scaledl.pipeline_events`: the rung's pipeline_events.json):
+    a row per rank, each forward and backward where its stage's clock put it, labelled with the
+    micro batch (and the stage, where a rank holds two); grey is the time the rank sat idle."""
+    from scaledl import pipeline_events
+
+    step = max(e[0] for e in events) if step is None else step
+    mine = [e for e in events if e[0] == step]
+    ranks = sorted({e[1] for e in mine})
+    several = len({e[2] for e in mine}) > len(ranks)  # interleaved: two stages a rank
+    start = min(e[5] for e in mine)
+    span = max(e[6] for e in mine) - start
+    fig, ax = _figure(10, 0.9 + 0.6 * len(ranks))
+    ax.barh(ranks, [span * 1e3] * len(ranks), color=COLORS["idle"], zorder=0)
+    for _, rank, stage, kind, micro_batch, begin, end in mine:
+        color = COLORS["forward" if kind == "F" else "backward"]
+        ax.barh(rank, (end - begin) * 1e3, left=(begin - start) * 1e3, color=color, edgecolor="black", linewidth=0.5)
+        label = f"{kind}{micro_batch}" + (f"/s{stage}" if several else "")
+        ax.text((begin - start + (end - begin) / 2) * 1e3, rank, label, ha="center", va="center", fontsize=6)
+    measured = pipeline_events.bubble(mine, skip_first=False)
+    ax.set(yticks=ranks, yticklabels=[f"rank {r}" for r in ranks], xlabel="ms from the step's first forward",
+           title=title or f"step {step} as measured: the ranks idle {measured:.0%} of it")
+    ax.invert_yaxis()
+    fig.bubble = measured
+    return fig
+
+
 def scaling(runs: dict):
     """Efficiency against world size for each mode: {"weak": {world_size: samples/s}, ...}."""
     fig, (speed, efficiency) = _figure(10, 3.4, 2)
