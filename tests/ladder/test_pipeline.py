@@ -48,6 +48,16 @@ def test_each_schedule_equals_one_process_with_the_same_batch(tmp_path, gpt4_ref
     assert len(events) == len(steps) * 2 * microbatches * ranks * chunks  # a forward and a backward each
 
 
+@pytest.mark.slow
+def test_two_pipelines_side_by_side_equal_one_process_with_both_batches(tmp_path, gpt4_reference):
+    """--dp 2 on 4 ranks: 2 pipelines of 2 stages, each on its half of the data (batch 32), the stages'
+    gradients averaged across the pipelines: where one process with batch 64 ends."""
+    train("torchrun", "pipeline", tmp_path, 32, *GPT4, "--dp", "2", "--schedule", "1f1b", nproc=4)
+    assert_same(gpt4_reference, torch.load(tmp_path / "model.pt", weights_only=True))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["peak_in_flight"] == "2,1"  # the first pipeline's stages
+
+
 def test_the_stages_split_the_blocks_evenly_and_keep_their_names():
     from scaledl import models
 
@@ -65,6 +75,7 @@ def test_the_stages_split_the_blocks_evenly_and_keep_their_names():
     ([], "the pipeline rung splits the CNN in 2 stages"),  # one rank, one stage
     (["--model", "gpt", "--schedule", "zerobubble"], "argument --schedule: invalid choice: 'zerobubble'"),
     (["--model", "gpt", "--microbatches", "3"], "argument --microbatches: must divide --batch-size 64, got 3"),
+    (["--model", "gpt", "--dp", "0"], "argument --dp: must divide the 1 ranks into equal pipelines, got 0"),
 ])
 def test_what_a_schedule_cannot_take_is_one_line_and_writes_nothing(tmp_path, flags, message):
     out = tmp_path / "run"
@@ -84,7 +95,7 @@ def test_a_schedule_that_needs_more_micro_batches_is_one_line(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and not out.exists(), result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert "--schedule 1f1b with --microbatches 2 on 4 ranks: Number of microbatches (2)" in last, last
+    assert "--schedule 1f1b with --microbatches 2 on 4 stages: Number of microbatches (2)" in last, last
 
 
 def test_a_torch_without_the_schedule_is_named(monkeypatch):

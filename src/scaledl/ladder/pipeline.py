@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=2 -m scaledl.ladder.pipeline --epochs 3 --microbatches 4
     torchrun --nproc_per_node=4 -m scaledl.ladder.pipeline --model gpt --schedule 1f1b --microbatches 8
+    torchrun --nproc_per_node=4 -m scaledl.ladder.pipeline --model gpt --dp 2     # 2 pipelines of 2 stages
 
 Data parallelism copies the whole model to every rank; when a model does not fit on one device,
 split it instead.  Each batch is cut into micro batches; a stage sends each micro batch's
@@ -19,8 +20,9 @@ first, the head with the last).  `--schedule` orders the micro batches' forwards
   and r + p), so the bubble shrinks to (p - 1)/(v·m + p - 1) for more sends
   (ScheduleInterleaved1F1B; Narayanan et al. 2021, arXiv:2104.04473, section 2.2).
 
-It trains in fp32 and writes the whole model at the end (no checkpoints to resume from): those
-flags are not offered.
+`--dp` runs pipelines side by side on different shards of the data, their gradients averaged after
+each step's schedule (a 2-D grid of ranks, dp x pp).  It trains in fp32 and writes the whole model
+at the end (no checkpoints to resume from): those flags are not offered.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, RandomSampler
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.data import DataLoader, DistributedSampler
 
 from scaledl import datasets, devices, distributed, models, pipeline_events, sharding
 from scaledl.config import ConfigError
@@ -84,32 +87,39 @@ def main(argv=None) -> int:
     flags.add_argument("--microbatches", type=int, default=4, help="micro batches per batch (pipeline depth)")
     flags.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe",
                        help="the order of the micro batches' forwards and backwards")
+    flags.add_argument("--dp", type=int, default=1, help="pipelines side by side, on different data (dp x pp ranks)")
     config, args = harness.parse(flags, argv)
     if args.microbatches < 1 or config.batch_size % args.microbatches:
         flags.error(f"argument --microbatches: must divide --batch-size {config.batch_size}, got {args.microbatches}")
     job = distributed.find_job()
+    if args.dp < 1 or job.world_size % args.dp:
+        flags.error(f"argument --dp: must divide the {job.world_size} ranks into equal pipelines, got {args.dp}")
+    dp, pp = args.dp, job.world_size // args.dp
     chunks_per_rank = SCHEDULES[args.schedule][1]
     Schedule = schedule_class(args.schedule)
     data = datasets.for_config(config)
     torch.manual_seed(config.seed)  # every rank builds the same whole model, then keeps its own chunks
     full_model = models.for_config(config, data)
-    pieces = split_model(full_model, job.world_size * chunks_per_rank, config.model)  # before joining the group
+    pieces = split_model(full_model, pp * chunks_per_rank, config.model)  # before joining the group
     device = devices.pick_device(config.device, job.local_rank)
     if device.index is not None:
         torch.accelerator.set_device_index(device.index)
     dist.init_process_group(devices.pick_backend(device, config.backend), rank=job.rank, world_size=job.world_size,
                             **distributed.rendezvous(job, config.timeout))
-    rank, is_first, is_last = job.rank, job.rank == 0, job.rank == job.world_size - 1
+    # A dp x pp grid: rank r runs stage r % pp of pipeline r // pp (a pipeline's stages on consecutive ranks).
+    mesh = init_device_mesh(device.type, (dp, pp), mesh_dim_names=("dp", "pp"))
+    dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
+    rank, is_first, is_last = job.rank, pp_rank == 0, pp_rank == pp - 1
 
     train_set = sharding.torch_train_set(data)
-    # No data parallelism: every stage walks the same batches in the same order.
-    order = torch.Generator()
-    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=RandomSampler(train_set, generator=order),
-                        drop_last=True)
-    # Rank r holds chunk r (and, interleaved, chunk r + p): stage index = chunk index.
-    mine = [rank + k * job.world_size for k in range(chunks_per_rank)]
+    # The stages of a pipeline walk the same batches in the same order; the pipelines, 1/dp of the data each.
+    sampler = DistributedSampler(train_set, dp, dp_rank, seed=config.seed)
+    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
+    # Stage s of a pipeline holds chunk s (and, interleaved, chunk s + pp): stage index = chunk index.
+    mine = [pp_rank + k * pp for k in range(chunks_per_rank)]
     model = torch.nn.ModuleList(pieces[index].to(device) for index in mine)
-    stages = [pipelining.PipelineStage(chunk, index, len(pieces), device) for chunk, index in zip(model, mine)]
+    stages = [pipelining.PipelineStage(chunk, index, len(pieces), device, group=mesh["pp"].get_group())
+              for chunk, index in zip(model, mine)]
     clock = pipeline_events.Clock(rank)  # each stage's forwards and backwards, timed: the bubble, measured
     for stage in stages:
         clock.watch(stage)
@@ -118,18 +128,19 @@ def main(argv=None) -> int:
         schedule = Schedule(stages if chunks_per_rank > 1 else stages[0], n_microbatches=args.microbatches,
                             loss_fn=loss_fn)
     except ValueError as error:  # a micro batch count the schedule cannot order, in torch's words
-        raise ConfigError(f"--schedule {args.schedule} with --microbatches {args.microbatches} on {job.world_size} "
-                          f"ranks: {error}") from None
+        raise ConfigError(f"--schedule {args.schedule} with --microbatches {args.microbatches} on {pp} "
+                          f"stages: {error}") from None
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    # The global batch is one rank's batch: the learning rate scales with world size 1.
+    # The global batch is a pipeline's batch times dp: the learning rate scales with dp.
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, state=harness.StageState(model, optimizer),
-                           scheduler=harness.lr_scheduler(optimizer, config, 1, len(loader)))
-    if is_first:
-        print(f"{RUNG}: {len(pieces)} stages of {config.model} on {job.world_size} ranks, {args.schedule}, "
+                           scheduler=harness.lr_scheduler(optimizer, config, dp, len(loader)), replicas=dp)
+    if rank == 0:
+        pipelines = f", x {dp} pipelines" if dp > 1 else ""
+        print(f"{RUNG}: {len(pieces)} stages of {config.model} on {pp} ranks{pipelines}, {args.schedule}, "
               f"{args.microbatches} micro batches a step, {device.type}")
 
     for epoch in run.epochs():
-        order.manual_seed(config.seed + epoch)
+        sampler.set_epoch(epoch)  # a new order every epoch (the same on every rank)
         for x, y in run.batches(loader):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
@@ -144,6 +155,10 @@ def main(argv=None) -> int:
                 schedule.step(x)
             else:  # receives activations, sends them on; receives gradients, sends them back
                 schedule.step()
+            if dp > 1:  # the pipelines' gradients averaged, each stage with its copies (what DDP would do)
+                for parameter in model.parameters():
+                    dist.all_reduce(parameter.grad, group=mesh["dp"].get_group())
+                    parameter.grad /= dp
             optimizer.step()
             run.scheduler.step()  # this rung's own schedule (the harness steps none it is given)
             run.end_step(loss, logits, y)
@@ -153,7 +168,7 @@ def main(argv=None) -> int:
     parts, events = [None] * job.world_size, [None] * job.world_size
     dist.all_gather_object(parts, {k: v.cpu() for chunk in model for k, v in chunk.state_dict().items()})
     dist.all_gather_object(events, clock.events)
-    events = [event for rank_events in events for event in rank_events]
+    events = [event for rank_events in events[:pp] for event in rank_events]  # the first pipeline's
     full_model.load_state_dict({k: v for part in parts for k, v in part.items()})
     test_loss, test_accuracy = sharding.evaluate_torch(full_model.to(device), data, 0, 1, device)
     if run.is_main:
@@ -162,8 +177,7 @@ def main(argv=None) -> int:
     stage_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     run.finish(test_accuracy, stage_param_bytes=stage_bytes, schedule=args.schedule,
                bubble=round(pipeline_events.bubble(events), 4),
-               bubble_predicted=round(pipeline_events.predicted_bubble(job.world_size, args.microbatches,
-                                                                       chunks_per_rank), 4),
+               bubble_predicted=round(pipeline_events.predicted_bubble(pp, args.microbatches, chunks_per_rank), 4),
                peak_in_flight=",".join(str(pipeline_events.peak_in_flight(events, index))  # a stage's micro batches
                                        for index in range(len(pieces))))
     dist.destroy_process_group()
