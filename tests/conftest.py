@@ -154,6 +154,30 @@ class SlurmCluster:
 CLUSTER_SCRIPT = ROOT / "tools" / "slurm_cluster.sh"
 
 
+def free_port_pair() -> int:
+    """A port that is free with the next one (slurmctld's and slurmd's), below the kernel's ephemeral range:
+    a port the kernel hands out (what `free_port` returns) can be given next to an outgoing connection of a
+    test running beside this one (a rendezvous, a gloo pair), and slurmd then cannot bind it."""
+    import random
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    for _ in range(200):
+        port = random.randrange(10000, ephemeral - 1)
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("", port))
+                second.bind(("", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no two free ports in a row between 10000 and {ephemeral}")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """tools/slurm_cluster.sh's cluster in a private folder, stopped at the end with nothing left running."""
@@ -163,10 +187,8 @@ def slurm_cluster(tmp_path_factory):
                     "munge through apt")
     if os.geteuid() != 0 and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("the Slurm daemons need root (or sudo without a password)")
-    from scaledl.launch_env import free_port
-
     folder = tmp_path_factory.mktemp("slurm")
-    port = free_port()
+    port = free_port_pair()
     env = {**launchers.local_env(2), "SCALEDL_SLURM_DIR": str(folder), "SCALEDL_SLURM_PORT": str(port),
            "SLURM_CONF": str(folder / "slurm.conf"), "SCALEDL_VENV": str(ROOT / ".venv"),
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}

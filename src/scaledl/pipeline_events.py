@@ -7,8 +7,10 @@ two stages under the interleaved schedule), the times on the
 host's monotonic clock (CLOCK_MONOTONIC on Linux: one clock for every process of a node, so the
 stages' rows line up in a figure).  `Clock.watch(stage)` records the forwards and backwards a
 `torch.distributed.pipelining.PipelineStage` runs (its `forward_one_chunk` and `backward_one_chunk`,
-which every schedule of torch 2.4 and later calls); receiving and sending are not inside them, so a
-stage's busy time is its compute only and waiting shows as idle.
+which GPipe, 1F1B and interleaved 1F1B call; the zero-bubble schedules also split off
+`backward_weight_one_chunk`, not timed here).  Receiving and sending are not inside them, nor is the
+loss, which the schedule computes on the last stage after its forward: a stage's busy time is its
+forward and backward only, and the rest shows as idle.
 """
 from __future__ import annotations
 
@@ -67,8 +69,10 @@ def bubble(events: list, skip_first: bool = True) -> float:
 
 
 def predicted_bubble(stages: int, micro_batches: int, chunks_per_rank: int = 1) -> float:
-    """(p - 1) / (v·m + p - 1): GPipe and 1F1B (v = 1), interleaved with v chunks a rank (Narayanan et
-    al. 2021, arXiv:2104.04473, section 2.2), for p ranks, m micro batches and equal stages."""
+    """(p - 1) / (v·m + p - 1) of the step: GPipe and 1F1B (v = 1), interleaved with v chunks a rank, for p
+    ranks, m micro batches and equal stages.  Narayanan et al. 2021 (arXiv:2104.04473, sections 2.2.1 and
+    2.2.2) give the bubble against the ideal time, (p - 1)/m and (p - 1)/(v·m); as a share of the whole
+    step, idle / (ideal + idle), it is this."""
     return (stages - 1) / (chunks_per_rank * micro_batches + stages - 1)
 
 

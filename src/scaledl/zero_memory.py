@@ -29,7 +29,9 @@ During the optimizer step at stage 0 DeepSpeed also holds fp32 copies of every g
 before the step and freed after it (runtime/fp16/unfused_optimizer.py, `step`): 16 bytes a
 parameter at that moment, not counted here.  `measure` counts the same three quantities from a
 DeepSpeed engine's own tensors; the tests check the two agree at every stage in fp32 and bf16
-(DeepSpeed has no fp16 on a CPU, where they run).
+(DeepSpeed offers no fp16 on this machine's CPU).  At stage 3 DeepSpeed means to reuse fp32 weights
+as their own master partitions, but its check compares a torch.device with a string and so copies
+them (runtime/zero/stage3.py, 0.19.8): the copy is there, and counted.
 
 FSDP2 (`predict_fsdp`) keeps its sharded parameters in fp32 under any --precision: they are
 the master copy.  `MixedPrecisionPolicy(param_dtype=bf16)` only makes the all-gathered copy
@@ -107,8 +109,8 @@ def measure(engine) -> dict:
     optimizer = engine.optimizer
     parameters = list(engine.module.parameters())
     if stage == 0 and type(optimizer).__name__ == "BF16_Optimizer":
-        # bf16 with data_types.grad_accum_dtype fp32: its master copy and gradients live in flat partitions
-        # (fp32_groups_flat_partition, fp32_groups_gradients_flat) and p.grad stays None: not counted here.
+        # DeepSpeed's bf16 wrapper for pipeline modules (engine.py, _configure_optimizer): its master copy and
+        # gradients live in flat partitions (fp32_groups_flat_partition, fp32_groups_gradients_flat), p.grad None.
         raise ValueError("zero_memory.measure counts the optimizers the DeepSpeed rung gets, not BF16_Optimizer's "
                          "flat partitions")
     if stage == 0:

@@ -34,9 +34,8 @@ def deepspeed_config(config, zero_stage: int = 0, offload_optimizer: bool = Fals
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    # What checkpointing.configure reads: each block keeps its input, in CPU memory with offload.  Partitioned
-    # (into one piece: no tensor-parallel ranks here) it is copied there plainly; unpartitioned, 0.19.8's
-    # asynchronous copy gave the recomputed block a 0-d tensor on a CPU here (under ZeRO-3, 2 ranks).
+    # What checkpointing.configure reads: with offload each block's input in CPU memory, partitioned into one piece
+    # (unpartitioned, 0.19.8 empties an input already on the CPU before saving it: checkpointing.py's CPU path).
     offload = {"partition_activations": offload_activations, "cpu_checkpointing": offload_activations}
     return {
         "activation_checkpointing": offload,

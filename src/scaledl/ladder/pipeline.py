@@ -14,11 +14,12 @@ first, the head with the last).  `--schedule` orders the micro batches' forwards
 
 - `gpipe`: every forward, then every backward (ScheduleGPipe): a stage holds all m micro batches'
   activations at the backward's start;
-- `1f1b`: after p - 1 warm-up forwards, one forward and one backward in turn (Schedule1F1B): the
-  same bubble, (p - 1)/(m + p - 1) of the step, and at most p micro batches' activations held;
+- `1f1b`: stage s runs min(m, p - s) warm-up forwards, then one backward and one forward in turn
+  (Schedule1F1B): the same bubble, (p - 1)/(m + p - 1) of the step, and at most p - s micro batches'
+  activations held;
 - `interleaved`: each rank holds two chunks of the model, v = 2 virtual stages (rank r: chunks r
   and r + p), so the bubble shrinks to (p - 1)/(v·m + p - 1) for more sends
-  (ScheduleInterleaved1F1B; Narayanan et al. 2021, arXiv:2104.04473, section 2.2).
+  (ScheduleInterleaved1F1B; from Narayanan et al. 2021, arXiv:2104.04473, section 2.2.2).
 
 `--dp` runs pipelines side by side on different shards of the data, their gradients averaged after
 each step's schedule (a 2-D grid of ranks, dp x pp).  It trains in fp32 and writes the whole model
