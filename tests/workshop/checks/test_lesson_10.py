@@ -208,3 +208,27 @@ def test_bubble_check(capsys):
     fails(capsys, checks.check_bubble(lambda f, b, m: 100 * bubble_solution(f, b, m), *MEASURED), "not a percentage")
     fails(capsys, checks.check_bubble(untouched, *MEASURED), "NotImplementedError")
     fails(capsys, checks.check_bubble(None, *MEASURED), "not set")
+
+
+# ---------------------------------------------------------------- the micro batches a schedule holds
+def peak_solution(schedule, stages, microbatches):
+    if schedule == "gpipe":
+        return [microbatches] * stages
+    return [min(microbatches, stages - stage) for stage in range(stages)]
+
+
+def test_peak_in_flight_check(capsys):
+    assert checks.check_peak_in_flight(peak_solution)
+    assert "1F1B holds min(M, S - s)" in verdict(capsys)
+    fails(capsys, checks.check_peak_in_flight(None), "`peak_in_flight` is not set")
+    fails(capsys, checks.check_peak_in_flight(untouched), "NotImplementedError")
+    fails(capsys, checks.check_peak_in_flight(lambda schedule, stages, m: [m] * stages), "is GPipe's")
+    fails(capsys, checks.check_peak_in_flight(
+        lambda schedule, stages, m: [m] * stages if schedule == "gpipe" else [min(m, stages)] * stages),
+        "a later stage gets its first backward sooner")
+    fails(capsys, checks.check_peak_in_flight(
+        lambda schedule, stages, m: [m] * stages if schedule == "gpipe" else [stages - s for s in range(stages)]),
+        "cannot hold more micro batches than there are")
+    fails(capsys, checks.check_peak_in_flight(lambda schedule, stages, m: [stages - s for s in range(stages)]),
+          "is 1F1B's")
+    fails(capsys, checks.check_peak_in_flight(lambda schedule, stages, m: "many"), "a list of whole numbers")

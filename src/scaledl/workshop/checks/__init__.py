@@ -21,8 +21,8 @@ from scaledl.workshop.checks.lesson_07 import check_efficiency, check_predicted_
 from scaledl.workshop.checks.lesson_08 import (accumulation_plan, check_accumulation_plan, check_deepspeed_config,
                                                check_stage2_window, check_window_prediction, deepspeed_batch)
 from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_reshard, check_zero_formula
-from scaledl.workshop.checks.lesson_10 import (check_bubble, check_pipeline, check_pipeline_backward,
-                                               check_tensor_parallel_mlp)
+from scaledl.workshop.checks.lesson_10 import (check_bubble, check_peak_in_flight, check_pipeline,
+                                               check_pipeline_backward, check_tensor_parallel_mlp)
 from scaledl.workshop.checks.lesson_11 import (check_activation_prediction, check_flops_per_token, check_recompute,
                                                check_state_bytes)
 
@@ -31,7 +31,7 @@ __all__ = [
     "check_all_reduce", "check_binding_launch", "check_flops_per_token", "check_recompute", "check_state_bytes",
     "check_binding_prediction", "check_binding_verdicts", "check_bubble", "check_ddp_buckets", "check_deepspeed_config",
     "check_efficiency", "check_engine_bytes", "check_fsdp_reshard", "check_fusion",
-    "check_horovod_sync", "check_in_sync", "check_parallelism_choice", "check_pipeline",
+    "check_horovod_sync", "check_in_sync", "check_parallelism_choice", "check_peak_in_flight", "check_pipeline",
     "check_pipeline_backward", "check_predicted_efficiency",
     "check_rank_device", "check_ring_prediction", "check_samples_per_s", "check_sharding", "check_step_prediction",
     "check_stopwatch_prediction", "check_summed_step",

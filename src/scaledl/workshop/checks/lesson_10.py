@@ -1,7 +1,7 @@
-"""Lesson 10's checks: a pipeline's hand-off and a tensor-parallel MLP."""
+"""Lesson 10's checks: a pipeline's hand-off, its bubble and what its schedules hold, and a tensor-parallel MLP."""
 from __future__ import annotations
 
-from scaledl.workshop.checks.common import _verdict
+from scaledl.workshop.checks.common import _FAILED, _attempt, _unfinished, _verdict
 
 
 def check_pipeline(received, logits, first_stage_output, full_logits, tolerance: float = 1e-4) -> bool:
@@ -214,3 +214,41 @@ def check_bubble(bubble, forward_s, backward_s, microbatches: int) -> bool:
     return _verdict(True, "your bubble matches the schedule on equal and unequal stages: the slowest stage sets the "
                           f"pace, and with unequal stages the bubble is more than the equal-stage formula's "
                           f"{formula:.0%}")
+
+
+def check_peak_in_flight(peak_in_flight) -> bool:
+    """`peak_in_flight(schedule, stages, microbatches) -> list`: the most micro batches each stage holds the
+    activations of, under "gpipe" (all forwards first: every stage holds all M) and "1f1b" (stage s runs
+    min(M, S - s) forwards before its first backward, then one of each: it holds at most that many)."""
+    if peak_in_flight is None:
+        return _unfinished("peak_in_flight")
+    for schedule, stages, microbatches in (("gpipe", 2, 8), ("1f1b", 2, 8), ("1f1b", 4, 8), ("1f1b", 4, 2),
+                                           ("gpipe", 4, 3)):
+        want = [microbatches] * stages if schedule == "gpipe" else [min(microbatches, stages - s)
+                                                                     for s in range(stages)]
+        where = f"{schedule}, {stages} stages, {microbatches} micro batches"
+        got = _attempt("peak_in_flight", where, lambda: peak_in_flight(schedule, stages, microbatches))
+        if got is _FAILED:
+            return False
+        try:
+            got = [int(n) for n in got]
+        except (TypeError, ValueError):
+            return _verdict(False, f"{where}: return a list of whole numbers, one a stage, got {got!r}")
+        if got == want:
+            continue
+        if len(got) != stages:
+            return _verdict(False, f"{where}: {got} has {len(got)} entries: give one a stage ({stages})")
+        if schedule == "1f1b" and got == [microbatches] * stages:
+            return _verdict(False, f"{where}: {got} is GPipe's, every micro batch held; 1F1B starts backwards "
+                                   "as soon as the pipeline is full, and frees a micro batch with each")
+        if schedule == "1f1b" and got == [min(microbatches, stages)] * stages:
+            return _verdict(False, f"{where}: {got} holds as many on every stage; a later stage gets its first "
+                                   "backward sooner (the last at once), so it runs fewer forwards before it")
+        if schedule == "1f1b" and got == [stages - s for s in range(stages)]:
+            return _verdict(False, f"{where}: {got}: with fewer micro batches than stages, a stage cannot hold "
+                                   "more micro batches than there are")
+        if schedule == "gpipe" and got == [stages - s for s in range(stages)]:
+            return _verdict(False, f"{where}: {got} is 1F1B's; GPipe runs every forward before any backward")
+        return _verdict(False, f"{where}: got {got}, want {want}")
+    return _verdict(True, "GPipe holds all M micro batches on every stage; 1F1B holds min(M, S - s) on stage s, "
+                          "the first stage most")
