@@ -75,6 +75,7 @@ def consequence_line(prog: str, rank: int, world_size: int) -> str:
 
 
 def _consequence(prog: str) -> int:
+    signals.leave()  # stopping: the launcher's SIGTERM, which may come now, must not cut this rank's line short
     rank, world_size = _place()
     line = consequence_line(prog, rank, world_size)
     _say(line)
@@ -83,6 +84,7 @@ def _consequence(prog: str) -> int:
 
 
 def _report(prog: str, message: str, code: int, every_rank: bool = False) -> int:
+    signals.leave()  # as in _consequence
     rank, world_size = _place()
     line = f"{prog}: error: {message}"
     if rank == 0 or every_rank:
