@@ -56,6 +56,15 @@ def fails(capsys, result, *phrases):
     return line
 
 
+def assert_refused(rung: str, flags: list[str], out: Path, message: str) -> None:
+    """`python -m scaledl.ladder.<rung> <flags> --out-dir <out>` stops with exit 2 and one stderr line that
+    holds `message`, before it writes anything (`out` does not exist)."""
+    result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", *flags, "--out-dir", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not out.exists(), result.stderr
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
 def untouched(*args, **kwargs):
     """An exercise's function as the learner finds it."""
     raise NotImplementedError("exercise")

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from conftest import assert_refused
 from scaledl import activations, models
 
 SIZES = [(32, 5, 64, 3, 4), (128, 2, 128, 2, 8), (17, 3, 96, 4, 6)]  # seq_len, batch, width, depth, heads
@@ -98,11 +99,7 @@ def test_a_rung_trains_the_language_model_and_reports_tokens_and_mfu(tmp_path):
 
 @pytest.mark.parametrize("rung, flag", [("single_tf", "--recompute")])
 def test_a_rung_that_trains_the_cnn_only_refuses_recomputation(tmp_path, rung, flag):
-    out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", flag, "full", "--out-dir", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and not out.exists()
-    assert result.stderr.count("\n") == 1 and f"unrecognized arguments: {flag} full" in result.stderr
+    assert_refused(rung, [flag, "full"], tmp_path / "run", f"unrecognized arguments: {flag} full")
 
 
 def test_full_blocks_recompute_through_the_function_a_rung_gives():

@@ -2,12 +2,10 @@
 reduce gradients once per optimizer step, not once per micro batch (tests/probes/accumulation_probe.py
 counts DDP's bucket all-reduces and FSDP2's reduce-scatters in the rung's own run).  That the result
 is the big batch's is tests/ladder/test_equivalence.py's."""
-import subprocess
-import sys
 
 import pytest
 
-from conftest import reports, run
+from conftest import assert_refused, reports, run
 from scaledl.hpc import launchers
 
 # 256 samples, 2 ranks, micro batch 16: 8 micro batches a rank, so 8 steps, or 2 with --grad-accum 4.
@@ -34,11 +32,7 @@ def test_accumulating_reduces_once_a_step(tmp_path, rung):
     (["--grad-accum", "2", "--train-limit", "100"], "--batch-size of 64"),  # 100 samples: 1 micro batch, no step
 ])
 def test_an_accumulation_the_data_cannot_fill_is_one_line_and_creates_nothing(tmp_path, flags, message):
-    out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "scaledl.ladder.single_torch", *flags, "--out-dir", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and not out.exists(), result.stderr
-    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert_refused("single_torch", flags, tmp_path / "run", message)
 
 
 @pytest.mark.parametrize("rung, flags, message", [
@@ -48,8 +42,4 @@ def test_an_accumulation_the_data_cannot_fill_is_one_line_and_creates_nothing(tm
     ("horovod_torch", ["--grad-accum", "2", "--adasum"], "and no --grad-accum"),
 ])
 def test_a_rung_that_cannot_honour_accumulation_says_so(tmp_path, rung, flags, message):
-    out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", *flags, "--out-dir", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and not out.exists(), result.stderr
-    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert_refused(rung, flags, tmp_path / "run", message)

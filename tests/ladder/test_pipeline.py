@@ -3,12 +3,11 @@ not the batch, so each must end where one process with the same batch ends; and 
 cannot take are one line before anything is written."""
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import tool
+from conftest import assert_refused, tool
 from scaledl import pipeline_events
 from scaledl.ladder import pipeline
 from test_equivalence import GPT, assert_same, train
@@ -78,11 +77,7 @@ def test_the_stages_split_the_blocks_evenly_and_keep_their_names():
     (["--model", "gpt", "--dp", "0"], "argument --dp: must divide the 1 ranks into equal pipelines, got 0"),
 ])
 def test_what_a_schedule_cannot_take_is_one_line_and_writes_nothing(tmp_path, flags, message):
-    out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "scaledl.ladder.pipeline", *flags, "--out-dir", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and not out.exists(), result.stderr
-    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert_refused("pipeline", flags, tmp_path / "run", message)
 
 
 @pytest.mark.slow
