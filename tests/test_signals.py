@@ -213,16 +213,26 @@ def catches(pid: int, signum: int) -> bool:
     return bool(caught >> (signum - 1) & 1)
 
 
-def torch_loaded(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return "libtorch" in f.read()
-    except OSError:
-        return False
+# The rung, started as `python -m` starts it (argv[0] is "-m" while its package imports), with a gate in front of the import system: the first
+# import of torch leaves a mark and waits there.  The test then looks at the rank at that one moment,
+# which no polling of a process that imports torch in a fraction of a second can be sure to catch.
+GATED_RUNG = """
+import importlib.abc, pathlib, runpy, sys, time
+MARK = pathlib.Path(sys.argv[1])
+class Gate(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            MARK.touch()
+            time.sleep(60)
+        return None
+sys.meta_path.insert(0, Gate())
+sys.argv = ["-m", "--epochs", "1", "--out-dir", str(MARK.parent / "run")]
+runpy.run_module("scaledl.ladder.single_torch", run_name="__main__", alter_sys=True)
+"""
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # Python catches SIGINT from its start
-def test_a_signal_while_a_rung_still_imports_torch_ends_it_quietly(signum):
+def test_a_signal_while_a_rung_still_imports_torch_ends_it_quietly(signum, tmp_path):
     # horovodrun starts each rank from a shell (`sh -c`, two commands, so the shell stays) and,
     # when one rank fails, sends SIGTERM to the others, often while they still import torch.  A
     # rank killed outright by the signal makes that shell print "Terminated" under the rank's tag.
@@ -230,16 +240,16 @@ def test_a_signal_while_a_rung_still_imports_torch_ends_it_quietly(signum):
     # shell's status and no line at all.
     # The signal at its default, as a launcher leaves it: under `nohup` SIGHUP is ignored, and a rank
     # rightly leaves an ignored SIGHUP alone (scaledl.signals).
-    shell = subprocess.Popen(["sh", "-c", f"cd . ; {sys.executable} -m scaledl.ladder.single_torch "
-                              "--epochs 1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    importing = tmp_path / "importing-torch"
+    shell = subprocess.Popen(["sh", "-c", f'cd . ; {sys.executable} -c "$0" {importing}', GATED_RUNG],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=clean_env(1), preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL))
-    deadline, rank = time.monotonic() + 60, None
-    while time.monotonic() < deadline and not (rank and catches(rank.pid, signum)):
-        children = psutil.Process(shell.pid).children()
-        rank = children[0] if children else None
-        time.sleep(0.005)
-    assert rank is not None and catches(rank.pid, signum), "the rung never caught the signal"
-    assert not torch_loaded(rank.pid), "the rung caught the signal only once torch was loaded"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not importing.exists() and shell.poll() is None:
+        time.sleep(0.01)
+    assert importing.exists(), f"the rung never imported torch: {shell.communicate(timeout=60)}"
+    rank = psutil.Process(shell.pid).children()[0]
+    assert catches(rank.pid, signum), "the rung did not catch the signal before it imported torch"
     rank.send_signal(signum)
     out, err = shell.communicate(timeout=60)
     assert shell.returncode == 128 + signum and err == "" and out == "", (shell.returncode, err)
