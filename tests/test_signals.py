@@ -213,9 +213,10 @@ def catches(pid: int, signum: int) -> bool:
     return bool(caught >> (signum - 1) & 1)
 
 
-# The rung, started as `python -m` starts it (argv[0] is "-m" while its package imports), with a gate in front of the import system: the first
-# import of torch leaves a mark and waits there.  The test then looks at the rank at that one moment,
-# which no polling of a process that imports torch in a fraction of a second can be sure to catch.
+# The rung, started as `python -m` starts it (argv[0] is "-m" while its package imports), with a
+# gate in front of the import system: the first import of torch leaves a mark and waits there.  The
+# test looks at the rank at that one moment, which no polling of a process that imports torch in a
+# fraction of a second can be sure to catch.
 GATED_RUNG = """
 import importlib.abc, pathlib, runpy, sys, time
 MARK = pathlib.Path(sys.argv[1])

@@ -1,5 +1,6 @@
-"""Two DeepSpeed steps of the ladder's CNN at a ZeRO stage, in fp32 and then in bf16 (one engine each,
-built as the rung builds it); report the bytes counted from each engine."""
+"""Two DeepSpeed steps of the ladder's CNN at each ZeRO stage given, in fp32 and then in bf16 (one engine
+each, built as the rung builds it); report the bytes counted from each engine.  One launch for every
+stage: DeepSpeed's start-up is most of a launch's time."""
 import sys
 
 import torch
@@ -10,10 +11,10 @@ from report import report
 from scaledl import models, precision, zero_memory
 from scaledl.ladder import deepspeed as deepspeed_rung
 
-stage = int(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))
+stages = [int(a) for a in sys.argv[1:] if not a.startswith("--local_rank")]
 dist = scaledl.setup(timeout_s=120)
 counted = {}
-for name in ("fp32", "bf16"):
+for stage, name in [(stage, name) for stage in stages for name in ("fp32", "bf16")]:
     config = scaledl.Config(batch_size=8, precision=name)
     torch.manual_seed(0)
     model = models.torch_cnn()
@@ -25,7 +26,7 @@ for name in ("fp32", "bf16"):
     for step in range(2):
         engine.backward(F.cross_entropy(engine(x).float(), y))
         if step == 1:
-            counted[name] = {**zero_memory.measure(engine),
+            counted[f"{stage} {name}"] = {**zero_memory.measure(engine),
                              "predicted_total": zero_memory.predict_for_engine(engine)["total"]}
         engine.step()
     engine.destroy()
