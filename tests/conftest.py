@@ -56,11 +56,12 @@ def fails(capsys, result, *phrases):
     return line
 
 
-def assert_refused(rung: str, flags: list[str], out: Path, message: str) -> None:
+def assert_refused(rung: str, flags: list[str], out: Path, message: str, env: dict | None = None) -> None:
     """`python -m scaledl.ladder.<rung> <flags> --out-dir <out>` stops with exit 2 and one stderr line that
-    holds `message`, before it writes anything (`out` does not exist)."""
+    holds `message`, before it writes anything (`out` does not exist).  `env` adds to the environment (a
+    launcher's variables: the rank of a larger job, refused before it joins one)."""
     result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", *flags, "--out-dir", str(out)],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
     assert result.returncode == 2 and not out.exists(), result.stderr
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 

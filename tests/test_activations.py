@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_refused
+from conftest import assert_refused, reports, run
 from scaledl import activations, models
+from scaledl.hpc import launchers
 
 SIZES = [(32, 5, 64, 3, 4), (128, 2, 128, 2, 8), (17, 3, 96, 4, 6)]  # seq_len, batch, width, depth, heads
 
@@ -21,6 +22,38 @@ def test_the_forward_holds_what_the_formula_says(recompute, seq_len, batch, widt
     held, logits = activations.held_by_forward(model, torch.randint(0, 256, (batch, seq_len)))
     assert held == activations.model_bytes(seq_len, batch, width, depth, heads, recompute)
     assert logits.requires_grad  # the graph (and what it holds) is alive while counted
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_rank_holds_what_the_formula_says_and_less_with_sequence_parallelism():
+    """Two ranks split the language model as the tensor-parallel rung does; each rank's forward leaves
+    the formula's bytes: the norm regions whole on every rank, or cut by tokens with --sequence-parallel."""
+    found = reports(run(launchers.torchrun(2, "sp_activation_probe", []), timeout=300).stdout)
+    assert [r["rank"] for r in found] == [0, 1] and found[0]["held"] == found[1]["held"]
+    assert len(found[0]["held"]) == 8  # two sizes, recompute none and full, with and without
+    for case in found[0]["held"]:
+        seq_len, batch, width, depth, heads = case["sizes"]
+        expected = activations.model_bytes(seq_len, batch, width, depth, heads, case["recompute"], tp=2,
+                                           sequence_parallel=case["sequence_parallel"])
+        assert case["bytes"] == expected, case
+    held = {(tuple(c["sizes"]), c["recompute"], c["sequence_parallel"]): c["bytes"] for c in found[0]["held"]}
+    for (sizes, recompute, sequence_parallel), held_bytes in held.items():
+        if sequence_parallel:  # the block's input, the sum after attention, the norms' statistics: half
+            seq_len, batch, width, depth, _ = sizes
+            saved = depth * 4 * seq_len * batch * ((2 * width + 4) / 2 if recompute == "none" else width / 2)
+            assert held[sizes, recompute, False] - held_bytes == saved
+
+
+def test_the_split_formulas_reduce_to_one_rank_and_refuse_what_they_do_not_count():
+    for recompute in ("none", "full"):
+        whole = activations.block_bytes(32, 4, 64, 4, recompute)
+        assert activations.block_bytes(32, 4, 64, 4, recompute, tp=1, sequence_parallel=True) == whole
+    # At tp = 4: (12h + a)/4 of the split layers and 4h + 4 whole, per token (4 bytes a value).
+    assert activations.block_bytes(32, 4, 64, 4, tp=4) == 4 * 32 * 4 * (4 * 64 + 4 + (12 * 64 + 4) / 4)
+    with pytest.raises(ValueError, match="fp32 with recompute none or full"):
+        activations.block_bytes(32, 4, 64, 4, "selective", tp=2)
+    with pytest.raises(ValueError, match="fp32 with recompute none or full"):
+        activations.block_bytes(32, 4, 64, 4, precision="bf16", tp=2)
 
 
 def test_the_block_knows_the_recompute_modes_the_flags_offer():

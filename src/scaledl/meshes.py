@@ -14,10 +14,14 @@ from scaledl.config import ConfigError
 from scaledl.models import VOCAB_SIZE, transformer_num_params, transformer_sharded_params
 
 
-def check_split(config, tp: int, world_size: int) -> None:
+SEQUENCE_PARALLEL_HELP = ("also split the norms and the residual stream by tokens across the tp ranks (sequence "
+                          "parallelism: --seq-len a multiple of them)")
+
+
+def check_split(config, tp: int, world_size: int, sequence_parallel: bool = False) -> None:
     """The ranks can split the model: a transformer (the classifier or the language model), tp dividing
     the ranks and the heads (each rank computes whole heads; ColwiseParallel cuts q, k and v into tp
-    equal slices of width/tp)."""
+    equal slices of width/tp), and with sequence parallelism the tokens of a sample."""
     if config.model not in ("transformer", "gpt"):
         raise ConfigError("tensor parallelism splits a transformer's layers: use --model transformer (the default "
                           "here) or gpt, not cnn")
@@ -26,6 +30,9 @@ def check_split(config, tp: int, world_size: int) -> None:
     if config.heads % tp:
         raise ConfigError(f"--heads {config.heads} must be a multiple of the {tp} tensor-parallel ranks (each "
                           "rank computes whole heads)")
+    if sequence_parallel and config.seq_len % tp:
+        raise ConfigError(f"--sequence-parallel: --seq-len {config.seq_len} must be a multiple of the {tp} "
+                          "tensor-parallel ranks (each normalizes an equal share of the tokens)")
 
 
 def tp_in_node(heads: int, ranks_per_node: int) -> int:
@@ -134,4 +141,46 @@ def mlp_split_figure(tp: int = 2):
     ax.set_ylim(-0.2, top + 0.6)
     ax.axis("off")
     ax.set_title(f"Y = GELU(X A), Z = Y B split over {tp} ranks (one rank a row)", fontsize=9)
+    return fig
+
+
+def sequence_parallel_figure(tp: int = 2):
+    """One block on `tp` ranks with sequence parallelism (Korthikanti et al. 2022, section 4.2.2, Figure 5):
+    the LayerNorms and the residual additions on each rank's share of the tokens, the attention and
+    the MLP on each rank's share of the heads and hidden features; an all-gather of the tokens
+    before each column-wise layer, a reduce-scatter of the partial sums after each row-wise one."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch
+
+    stages = [("LayerNorm", "tokens"), ("all-gather", None), ("q, k, v, attention,\nout", "heads"),
+              ("reduce-scatter", None), ("+ residual,\nLayerNorm", "tokens"), ("all-gather", None),
+              ("MLP up, GELU,\ndown", "features"), ("reduce-scatter", None), ("+ residual", "tokens")]
+    colors = {"tokens": "#55A86855", "heads": "#4C72B055", "features": "#4C72B055"}
+    fig = Figure(figsize=(12, 1.0 * tp + 1.5), layout="constrained")
+    ax = fig.subplots()
+    x = 0.0
+    for name, split in stages:
+        width = 0.9 if split is None else 1.45
+        if split is None:  # a collective spans the ranks
+            ax.add_patch(FancyBboxPatch((x, 0), width, tp - 0.2, boxstyle="round,pad=0.02",
+                                        facecolor="#C44E5233", edgecolor="#C44E52", linewidth=1))
+            ax.text(x + width / 2, (tp - 0.2) / 2, name.replace("-", "-\n"), ha="center", va="center", fontsize=7.5,
+                    color="#8B1E1E")
+        else:
+            for rank in range(tp):
+                y = tp - 1 - rank
+                share = {"tokens": f"tokens {rank + 1}/{tp}", "heads": f"heads {rank + 1}/{tp}",
+                         "features": f"hidden {rank + 1}/{tp}"}[split]
+                ax.add_patch(FancyBboxPatch((x, y), width, 0.8, boxstyle="round,pad=0.02", facecolor=colors[split],
+                                            edgecolor="black", linewidth=0.8))
+                ax.text(x + width / 2, y + 0.5, name, ha="center", va="center", fontsize=7.5)
+                ax.text(x + width / 2, y + 0.13, share, ha="center", va="center", fontsize=6.5, color="#333333")
+        x += width + 0.15
+    for rank in range(tp):
+        ax.text(-0.1, tp - 1 - rank + 0.4, f"rank {rank}", ha="right", va="center", fontsize=8)
+    ax.set_xlim(-0.8, x)
+    ax.set_ylim(-0.15, tp)
+    ax.axis("off")
+    ax.set_title("Sequence parallelism: green regions hold 1/tp of the tokens (whole heads and features), "
+                 "blue ones 1/tp of the heads or features (every token)", fontsize=9)
     return fig

@@ -9,11 +9,10 @@ leaves out the all-reduce after the row-wise layers and lands hundreds of tolera
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import PROBES, run, tool
+from conftest import PROBES, assert_refused, run, tool
 from scaledl import meshes, models
 from scaledl.hpc import jobs, launchers
 from test_equivalence import GPT, STEPS, TOLERANCE, gpt_reference, max_difference, torch_params, train  # noqa: F401
@@ -55,13 +54,29 @@ def test_fsdp_tp_on_a_2x2_mesh_equals_one_process(tmp_path, reference):
     assert state_bytes(tmp_path) == held_per_rank(tp=2, dp=2)
 
 
-@pytest.mark.slow
-def test_the_language_model_split_over_2_ranks_and_recomputed_equals_one_process(tmp_path, gpt_reference):  # noqa: F811
+@pytest.fixture(scope="module")
+def tp_gpt(tmp_path_factory):
     # The rungs train the classifier by default (lesson 10's measurements are of it); --model gpt splits the
     # language model's blocks the same way, its embeddings and head whole on every rank.
-    found = torch_params(train("torchrun", "tensor_parallel", tmp_path, 64, *GPT, "--recompute", "full"))
-    print(f"tensor_parallel, gpt: max difference {max_difference(gpt_reference, found):.2e}")
-    assert max_difference(gpt_reference, found) <= TOLERANCE
+    return torch_params(train("torchrun", "tensor_parallel", tmp_path_factory.mktemp("tp_gpt"), 64, *GPT,
+                              "--recompute", "full"))
+
+
+@pytest.mark.slow
+def test_the_language_model_split_over_2_ranks_and_recomputed_equals_one_process(tp_gpt, gpt_reference):  # noqa: F811
+    print(f"tensor_parallel, gpt: max difference {max_difference(gpt_reference, tp_gpt):.2e}")
+    assert max_difference(gpt_reference, tp_gpt) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_sequence_parallelism_trains_what_tensor_parallelism_trains(tmp_path, tp_gpt, gpt_reference):  # noqa: F811
+    # The norms on half the tokens each, the row-wise layers reduce-scattered: the same arithmetic, the same
+    # parameters (the norms' weights, whose gradients each rank computes from its own tokens, included).
+    found = torch_params(train("torchrun", "tensor_parallel", tmp_path, 64, *GPT, "--sequence-parallel"))
+    print(f"sequence parallel, gpt: max difference {max_difference(tp_gpt, found):.2e} from tensor parallel, "
+          f"{max_difference(gpt_reference, found):.2e} from one process")
+    assert max_difference(tp_gpt, found) <= TOLERANCE and max_difference(gpt_reference, found) <= TOLERANCE
+    assert json.loads((tmp_path / "summary.json").read_text())["params_in_sync"] is True
 
 
 @pytest.mark.slow
@@ -91,16 +106,21 @@ def test_tensor_parallel_runs_with_its_summary_checkpoint_and_resume(tmp_path):
     assert summary["state_bytes_per_rank"] == held_per_rank(tp=2)
 
 
-@pytest.mark.parametrize("rung, argv, message", [
-    ("tensor_parallel", ["--model", "cnn"], "tensor parallelism splits a transformer's layers"),
-    ("fsdp_tp", ["--tp", "3"], "--tp must divide the 1 ranks into equal groups, got 3"),
+# Rank 0 of a 2-rank job as torchrun starts it: refused before it joins the group (no peer ever comes).
+TWO_RANKS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": "29400"}
+
+
+@pytest.mark.parametrize("rung, argv, env, message", [
+    ("tensor_parallel", ["--model", "cnn"], {}, "tensor parallelism splits a transformer's layers"),
+    ("fsdp_tp", ["--tp", "3"], {}, "--tp must divide the 1 ranks into equal groups, got 3"),
+    ("tensor_parallel", ["--sequence-parallel", "--seq-len", "33"], TWO_RANKS,
+     "--sequence-parallel: --seq-len 33 must be a multiple of the 2 tensor-parallel ranks"),
+    ("fsdp_tp", ["--sequence-parallel", "--tp", "2", "--model", "gpt", "--seq-len", "15"], TWO_RANKS,
+     "--sequence-parallel: --seq-len 15 must be a multiple of the 2 tensor-parallel ranks"),
 ])
-def test_a_split_that_cannot_work_is_one_line_before_anything_starts(tmp_path, rung, argv, message):
-    out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", f"scaledl.ladder.{rung}", *argv, "--out-dir", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and not out.exists(), result.stderr
-    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+def test_a_split_that_cannot_work_is_one_line_before_anything_starts(tmp_path, rung, argv, env, message):
+    assert_refused(rung, argv, tmp_path / "run", message, env)
 
 
 def test_the_arithmetic_splits_only_the_block_layers():

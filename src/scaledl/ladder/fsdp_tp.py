@@ -27,9 +27,9 @@ from scaledl.ladder import tensor_parallel  # New Code #: its split of each bloc
 RUNG = "fsdp_tp"
 
 
-def wrap(model, device, mesh, **options):  # New Code #: the dp x tp mesh
+def wrap(model, device, mesh, sequence_parallel=False, **options):  # New Code #: the dp x tp mesh
     """The model as this rung trains it (the benchmarks time this same wiring)."""
-    tensor_parallel.wrap(model, device, mesh["tp"])  # New Code #: split each block across the tp ranks of a row
+    tensor_parallel.wrap(model, device, mesh["tp"], sequence_parallel)  # New Code #: split each block across a row
     for layer in model:  # New Code #: shard every layer with weights (each is gathered only while it runs) ...
         if any(True for _ in layer.parameters()):  # New Code #
             fully_shard(layer, mesh=mesh["dp"], **options)  # New Code #: ... across the dp ranks of a column
@@ -41,10 +41,11 @@ def main(argv=None) -> int:
     flags = harness.parser(RUNG)  # New Code #: with --backend and --timeout
     flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting
     flags.add_argument("--tp", type=int, help="ranks per tp group (default: a node's)")  # New Code #
+    flags.add_argument("--sequence-parallel", action="store_true", help=meshes.SEQUENCE_PARALLEL_HELP)  # New Code #
     config, args = harness.parse(flags, argv)  # New Code #
     job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)
     tp = meshes.tp_in_node(config.heads, job.local_world_size) if args.tp is None else args.tp  # New Code #
-    meshes.check_split(config, tp, job.world_size)  # New Code #: before joining the group
+    meshes.check_split(config, tp, job.world_size, args.sequence_parallel)  # New Code #: before joining the group
     device = devices.pick_device(config.device, job.local_rank)  # New Code #: each rank its own GPU on the node
     if device.index is not None:  # New Code #: pin this process to it (CUDA or XPU), before any collective
         torch.accelerator.set_device_index(device.index)
@@ -60,13 +61,14 @@ def main(argv=None) -> int:
     sampler = DistributedSampler(train_set, dp_size, dp_rank, seed=config.seed)  # New Code #: 1/dp each, per row
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler, drop_last=True)
     mixed = precision.fsdp_policy(config.precision)  # New Code #: bf16 or fp16 weights gathered, fp32 shards kept
-    model = wrap(models.for_config(config, data).to(device), device, mesh, mp_policy=mixed)  # New Code #
+    model = wrap(models.for_config(config, data).to(device), device, mesh, args.sequence_parallel,  # New Code #
+                 mp_policy=mixed)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, replicas=dp_size,  # New Code #
                            state=harness.FullState(model, optimizer))  # New Code #
     if job.rank == 0:  # New Code #: one line for the job, not one per rank
         print(f"{RUNG}: {run.steps_per_epoch} steps per epoch, {dp_size} x {tp} ranks (dp x tp), "  # New Code #
-              f"{device.type}")
+              f"{'sequence parallel, ' if args.sequence_parallel else ''}{device.type}")
 
     for epoch in run.epochs():  # on --resume, from the checkpoint's epoch
         sampler.set_epoch(epoch)  # New Code #: a new order every epoch (the same on every rank)
