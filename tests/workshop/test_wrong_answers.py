@@ -1,4 +1,4 @@
-"""The live checks of lessons 3-5, 8 and 10 FAIL on the wrong answers learners write, run for real: each
+"""The live checks of lessons 3-5, 8, 10 and 12 FAIL on the wrong answers learners write, run for real: each
 case takes the solution notebook, puts one realistic mistake in place of the solution line,
 runs it on live ranks up to its checks, and reads the verdict."""
 import nbformat
@@ -47,6 +47,9 @@ CASES = {
     # tests/workshop/checks/test_lesson_10.py feeds the check their results instead.
     "pipeline_sends_activations": ("10_model_parallel", "    tdist.send(activations.grad, dst=0)",
                                    "    tdist.send(activations.detach(), dst=0)", "not `activations`"),
+    # Ring attention's subtle one: the running sums never rescaled when a block raises the maximum (the other
+    # mistakes, tests/workshop/checks/test_lesson_12.py, from a ring run in one process).
+    "ring_unscaled": ("12_sequences", "rescale = torch.exp(top - new_top)", "rescale = 1.0", "not rescaled"),
 }
 
 

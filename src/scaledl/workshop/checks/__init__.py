@@ -25,6 +25,7 @@ from scaledl.workshop.checks.lesson_10 import (check_bubble, check_peak_in_fligh
                                                check_pipeline_backward, check_tensor_parallel_mlp)
 from scaledl.workshop.checks.lesson_11 import (check_activation_prediction, check_flops_per_token, check_recompute,
                                                check_state_bytes)
+from scaledl.workshop.checks.lesson_12 import check_ring_attention, check_sp_block_bytes
 
 __all__ = [
     "accumulation_plan", "check_accumulation", "check_accumulation_plan", "check_activation_prediction",
@@ -33,7 +34,8 @@ __all__ = [
     "check_efficiency", "check_engine_bytes", "check_fsdp_reshard", "check_fusion",
     "check_horovod_sync", "check_in_sync", "check_parallelism_choice", "check_peak_in_flight", "check_pipeline",
     "check_pipeline_backward", "check_predicted_efficiency",
-    "check_rank_device", "check_ring_prediction", "check_samples_per_s", "check_sharding", "check_step_prediction",
+    "check_rank_device", "check_ring_attention", "check_ring_prediction", "check_sp_block_bytes",
+    "check_samples_per_s", "check_sharding", "check_step_prediction",
     "check_stopwatch_prediction", "check_summed_step",
     "check_stage2_window", "check_tensor_parallel_mlp", "check_training_memory", "check_training_nodes", "check_warmup",
     "check_window_prediction", "check_zero_formula", "deepspeed_batch", "from_ranks", "gather", "horovod_fuse",
