@@ -215,6 +215,20 @@ def test_the_allocator_sees_the_activations_the_formula_predicts(recompute):
     assert grown == pytest.approx(predicted, rel=0.02), (grown, predicted)
 
 
+def test_pytorchs_ring_attention_equals_full_attention_on_the_gpus():
+    """torch's context_parallel (scaledl.context_parallel.torch_attention) on one rank per GPU, up to 2:
+    the ring's output, gathered back, equals full attention, with and without the causal mask."""
+    from conftest import reports, run
+
+    ranks = min(GPUS, 2)
+    found = reports(run(launchers.torchrun(ranks, "cp_probe", []), timeout=600, nproc=ranks).stdout)
+    assert [r["rank"] for r in found] == list(range(ranks)) and found[0]["device"] == "cuda"
+    for report in found:
+        for causal in (False, True):
+            difference = report[f"causal={causal}"]
+            assert isinstance(difference, float) and difference < 1e-4, (causal, difference)
+
+
 def test_the_language_model_reaches_its_mfu_in_bf16(tmp_path):
     """GPT-2 small's shape in bf16 on one GPU: the summary's MFU against the table's peak.  The
     Ultra-Scale Playbook's best shown at scale is 46.7%; one H100 or H200 should reach 40%."""

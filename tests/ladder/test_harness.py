@@ -48,7 +48,7 @@ def test_parsing_flags_touches_nothing_on_disk(tmp_path):
 
 
 @pytest.mark.parametrize("name, flag", [("single_tf", "--resume"), ("single_tf", "--checkpoint-every"),
-                                        ("horovod_tf", "--on-nonfinite"), ("pipeline", "--checkpoint-every"),
+                                        ("horovod_tf", "--on-nonfinite"), ("pipeline", "--on-nonfinite"),
                                         ("pipeline", "--precision")])
 def test_a_rung_refuses_the_flags_it_does_not_honour(name, flag):
     parser = harness.parser(name, without=__import__(f"scaledl.ladder.{name}", fromlist=["x"]).NOT_HONOURED)

@@ -57,6 +57,32 @@ def test_two_pipelines_side_by_side_equal_one_process_with_both_batches(tmp_path
     assert summary["world_size"] == 4 and summary["peak_in_flight"] == "2,1"  # the first pipeline's stages
 
 
+@pytest.mark.slow
+def test_a_stopped_pipeline_resumes_exactly_where_it_stopped(tmp_path):
+    """Interleaved on 2 ranks (two chunks each): stopped after 3 steps of 8 and resumed, it ends on the very
+    parameters of the run that never stopped.  The checkpoint holds the whole model by name (it loads into
+    one process's model) and each parameter's momentum; a resume with other data-parallel replicas is refused."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    options = [*GPT4, "--schedule", "interleaved", "--epochs", "2"]
+    train("torchrun", "pipeline", whole, 64, *options)
+    train("torchrun", "pipeline", stopped, 64, *options, "--max-steps", "3")
+    assert torch.load(stopped / "checkpoint.pt", weights_only=False)["step"] == 3
+    train("torchrun", "pipeline", stopped, 64, *options, "--resume")
+    ended, resumed = (torch.load(out / "checkpoint.pt", weights_only=False) for out in (whole, stopped))
+    assert ended["step"] == resumed["step"] == 8
+    assert all(torch.equal(ended["model"][name], resumed["model"][name]) for name in ended["model"])
+    assert ended["optimizer"]["state_by_name"].keys() == ended["model"].keys()  # every parameter's momentum
+    from scaledl import models
+
+    models.gpt(32, 4, 2, 32).load_state_dict(ended["model"])  # the whole model, as one process holds it
+    before = (stopped / "checkpoint.pt").read_bytes()
+    result = subprocess.run([tool("torchrun"), "--standalone", "--nproc_per_node=2", "-m", "scaledl.ladder.pipeline",
+                             *options, "--batch-size", "64", "--dp", "2", "--out-dir", str(stopped), "--resume"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "replicas 1 (now 2)" in result.stderr, result.stderr[-2000:]
+    assert (stopped / "checkpoint.pt").read_bytes() == before
+
+
 def test_the_stages_split_the_blocks_evenly_and_keep_their_names():
     from scaledl import models
 

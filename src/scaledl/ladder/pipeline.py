@@ -22,8 +22,9 @@ first, the head with the last).  `--schedule` orders the micro batches' forwards
   (ScheduleInterleaved1F1B; from Narayanan et al. 2021, arXiv:2104.04473, section 2.2.2).
 
 `--dp` runs pipelines side by side on different shards of the data, their gradients averaged after
-each step's schedule (a 2-D grid of ranks, dp x pp).  It trains in fp32 and writes the whole model
-at the end (no checkpoints to resume from): those flags are not offered.
+each step's schedule (a 2-D grid of ranks, dp x pp).  It trains in fp32.  A checkpoint
+(`--checkpoint-every`, and at the end) holds the whole model, each stage's tensors gathered by
+name, and `--resume` gives each rank its own back (harness.StageState), at the step it stopped.
 """
 from __future__ import annotations
 
@@ -43,8 +44,7 @@ from scaledl.ladder import harness
 
 RUNG = "pipeline"
 SPLIT_AT = 6  # the CNN's index of Flatten: convolutions on rank 0, classifier on rank 1
-NOT_HONOURED = (*harness.CHECKPOINT_FLAGS, *harness.GUARD_FLAGS, "precision",
-                "grad_accum")  # its --microbatches are its accumulation
+NOT_HONOURED = (*harness.GUARD_FLAGS, "precision", "grad_accum")  # its --microbatches are its accumulation
 # --schedule -> torch.distributed.pipelining's class, and the model chunks each rank holds.
 SCHEDULES = {"gpipe": ("ScheduleGPipe", 1), "1f1b": ("Schedule1F1B", 1), "interleaved": ("ScheduleInterleaved1F1B", 2)}
 
@@ -132,8 +132,10 @@ def main(argv=None) -> int:
         raise ConfigError(f"--schedule {args.schedule} with --microbatches {args.microbatches} on {pp} "
                           f"stages: {error}") from None
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    num_params = sum(p.numel() for p in full_model.parameters())  # the whole model's: a checkpoint holds it all
     # The global batch is a pipeline's batch times dp: the learning rate scales with dp.
-    run = harness.TorchRun(RUNG, config, device, model, optimizer, loader, state=harness.StageState(model, optimizer),
+    run = harness.TorchRun(RUNG, config, device, model, optimizer, loader,
+                           state=harness.StageState(model, optimizer, num_params),
                            scheduler=harness.lr_scheduler(optimizer, config, dp, len(loader)), replicas=dp)
     if rank == 0:
         pipelines = f", x {dp} pipelines" if dp > 1 else ""

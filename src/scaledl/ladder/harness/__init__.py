@@ -289,9 +289,10 @@ class TorchRun(Run):
         self.state = state or run_state.TorchState(model, optimizer)
         self.meta = {"rung": rung, "world_size": self.world_size, "dataset": config.dataset,
                      "train_limit": config.train_limit, "batch_size": config.batch_size,
-                     "grad_accum": config.grad_accum, "seed": config.seed,
+                     "grad_accum": config.grad_accum, "seed": config.seed, "replicas": self.replicas,
                      # ZeRO-3 leaves each parameter a partition; ds_numel is its whole size.
-                     "num_params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())}
+                     "num_params": self.state.num_params or sum(getattr(p, "ds_numel", p.numel())
+                                                                for p in model.parameters())}
         self.store = run_state.Store(config.out_dir, self.state, self.meta, config.keep_checkpoints,
                                      self.is_main, comm.barrier)
         # With fp16 the loss scaler skips overflowing steps itself; the guard stands aside.

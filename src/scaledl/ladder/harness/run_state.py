@@ -23,13 +23,16 @@ from scaledl.checkpoint import CheckpointError
 # Advice every refused resume ends with: both are command lines that work on that OUT_DIR.
 START_OVER = "start the run over with --overwrite instead of --resume, or name another --out-dir"
 MATCH = ("rung", "world_size", "dataset", "train_limit", "batch_size", "grad_accum", "num_params")
+# Compared where the checkpoint records them (older ones do not): the data-parallel replicas, which
+# decide each rank's samples (the pipeline rung's --dp, at the same world size).
+MATCH_IF_RECORDED = ("replicas",)
 
 
 class State:
     """A framework's training state (every rank calls every method: some are collectives)."""
 
     files = True  # written by rank 0 as one checkpoint.pt (False: the framework writes a directory)
-    saves = True  # False: the rung writes what it keeps itself
+    num_params: int | None = None  # the model's parameter count where it is not this rank's (pipeline stages)
 
     def state_dict(self) -> dict:
         raise NotImplementedError
@@ -104,12 +107,48 @@ class FullState(TorchState):
 
 
 class StageState(TorchState):
-    """A pipeline stage: ranks hold different layers by design, and the rung saves the whole model itself."""
+    """Pipeline stages: each rank holds its own chunks of the model (`model` a ModuleList of them).  A
+    checkpoint holds the whole model, every rank's tensors gathered by name (a collective), and each
+    parameter's optimizer state by name; a resume puts each rank's own back, whatever chunks the
+    schedule gives it.  The stages keep the names the whole model gives their layers; `num_params` is
+    the whole model's count, which a resume checks (each rank holds a different share of it)."""
 
-    saves = False
+    def __init__(self, model, optimizer, num_params: int):
+        super().__init__(model, optimizer)
+        self.num_params = num_params
 
     def in_sync(self, comm) -> None:
         return None
+
+    def _names(self) -> list[str]:
+        """This rank's parameters by their names in the whole model, in the optimizer's order."""
+        return [name for chunk in self.model for name, _ in chunk.named_parameters()]
+
+    def state_dict(self) -> dict:
+        import torch.distributed as dist
+
+        names, optimizer = self._names(), self.optimizer.state_dict()
+        mine = ({k: v.detach().cpu() for chunk in self.model for k, v in chunk.state_dict().items()},
+                {names[index]: {k: v.cpu() if hasattr(v, "cpu") else v for k, v in state.items()}
+                 for index, state in optimizer["state"].items()})
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+        model, state = {}, {}
+        for part_model, part_state in parts:  # the pipelines of a dp x pp grid hold the same values
+            model |= part_model
+            state |= part_state
+        groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer["param_groups"]]
+        return {"model": model, "optimizer": {"state_by_name": state, "param_groups": groups}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for chunk in self.model:
+            chunk.load_state_dict({name: state["model"][name] for name in chunk.state_dict()})
+        saved, current = state["optimizer"], self.optimizer.state_dict()
+        by_name = saved["state_by_name"]
+        self.optimizer.load_state_dict({
+            "state": {index: by_name[name] for index, name in enumerate(self._names()) if name in by_name},
+            "param_groups": [{**group, "params": own["params"]}
+                             for group, own in zip(saved["param_groups"], current["param_groups"])]})
 
 
 class DeepSpeedState(State):
@@ -150,7 +189,7 @@ class Store:
 
     # -- saving ---------------------------------------------------------------------------
     def save(self, scheduler, epoch: int, step: int) -> None:
-        if not self.state.saves or step == self.last_step:
+        if step == self.last_step:
             return  # (the end of training right after a --checkpoint-every save: nothing new)
         if self.state.files:
             state = self.state.state_dict()  # on every rank: gathering shards is a collective
@@ -225,7 +264,8 @@ class Store:
         if not isinstance(meta, dict):
             raise CheckpointError(f"{where} does not say which run wrote it (written by an older scaledl?): "
                                   f"{START_OVER}")
-        differ = [f"{key} {meta.get(key)!r} (now {self.meta[key]!r})" for key in MATCH
+        keys = MATCH + tuple(key for key in MATCH_IF_RECORDED if key in meta and key in self.meta)
+        differ = [f"{key} {meta.get(key)!r} (now {self.meta[key]!r})" for key in keys
                   if meta.get(key) != self.meta[key]]
         if differ:
             raise CheckpointError(
