@@ -47,9 +47,10 @@ def test_tensor_parallel_equals_one_process_and_holds_half_the_split_layers(tmp_
 
 
 @pytest.mark.slow
-def test_fsdp_tp_on_a_2x2_mesh_equals_one_process(tmp_path, reference):
-    found = torch_params(train("torchrun", "fsdp_tp", tmp_path, 64, "--tp", "2", *SMALL, nproc=4))
-    print(f"fsdp_tp: max difference {max_difference(reference, found):.2e}")
+@pytest.mark.parametrize("options", [[], ["--sequence-parallel"]])
+def test_fsdp_tp_on_a_2x2_mesh_equals_one_process(tmp_path, reference, options):
+    found = torch_params(train("torchrun", "fsdp_tp", tmp_path, 64, "--tp", "2", *SMALL, *options, nproc=4))
+    print(f"fsdp_tp {' '.join(options)}: max difference {max_difference(reference, found):.2e}")
     assert max_difference(reference, found) <= TOLERANCE
     assert state_bytes(tmp_path) == held_per_rank(tp=2, dp=2)
 
