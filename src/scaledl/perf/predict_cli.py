@@ -2,12 +2,16 @@
 
     scaledl predict --system polaris --step-ms 12 --model transformer --nodes 1 2 4 8 16
     scaledl predict --comm-json runs/bench/comm.json --step-json runs/bench/overhead.json --model cnn --ranks 2
+    scaledl predict --layouts --system polaris --model gpt:gpt3-2.7b --nodes 4 --global-batch-size 512
 
 The single-device step comes from --step-ms or a benchmark's JSON (`scaledl bench overhead`:
 the plain loop's step; `scaledl bench predict`: its first setting's); the link from a system
 preset, a `scaledl bench comm` fit (all-reduces in a loop) or a `bench predict` one (all-reduces
 inside a step: what a step pays on the machine it ran on), read back to one link, or --alpha-us
-with --bandwidth-gbps.  Every flag is checked before anything is written.
+with --bandwidth-gbps.  `--layouts` needs no measured step: it ranks every dp x tp x pp layout of a
+language model on a system's nodes (with a ZeRO stage, recomputation and a micro batch size) by
+the step its flops and communication predict, among those that fit in a device's memory
+(scaledl.perf.choose).  Every flag is checked before anything is written.
 """
 from __future__ import annotations
 
@@ -75,6 +79,13 @@ def model_sizes(model: str) -> dict:
     return dict(GPT_PRESETS[model.removeprefix("gpt:")]) if model.startswith("gpt:") else transformer_sizes(model)
 
 
+# The flags of a prediction from a measured step, at their defaults: --layouts refuses them changed.
+STEP_DEFAULTS = {"strategy": ["ddp", "ddp_no_overlap", "zero3"], "recompute": "none", "grad_accum": 1,
+                 "micro_batches": 8, "micro_batch_size": 8, "bucket_mb": 25.0, "fusion_mb": 128.0, "cycle_ms": 1.0,
+                 "gathers": 1, "bytes_per_param": 4, "backward_fraction": predict.BACKWARD_FRACTION}
+LAYOUT_DEFAULTS = {"global_batch_size": None, "mfu": 0.45, "top": 10}  # --layouts' own
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Predict step time and efficiency at N ranks before measuring it."
     link = parser.add_mutually_exclusive_group(required=True)
@@ -85,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="latency per ring step, microseconds (with --bandwidth-gbps)")
     parser.add_argument("--bandwidth-gbps", type=_positive(float),
                         help="link bandwidth one way, GB/s (with --alpha-us)")
-    step = parser.add_mutually_exclusive_group(required=True)
+    step = parser.add_mutually_exclusive_group()  # one of them, unless --layouts
     step.add_argument("--step-ms", type=_positive(float), help="measured single-device step (forward+backward+update)")
     step.add_argument("--step-json", type=Path, help="a `scaledl bench overhead` or `bench predict` result")
     parser.add_argument("--backward-fraction", type=_fraction, default=predict.BACKWARD_FRACTION,
@@ -98,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--ranks", type=_positive(int), nargs="+", help="rank counts (default 1 2 4 ... 256)")
     where.add_argument("--nodes", type=_positive(int), nargs="+", help="node counts (with --system)")
-    parser.add_argument("--strategy", choices=predict.STRATEGIES, nargs="+", default=["ddp", "ddp_no_overlap", "zero3"])
+    parser.add_argument("--strategy", choices=predict.STRATEGIES, nargs="+", default=STEP_DEFAULTS["strategy"])
     parser.add_argument("--bucket-mb", type=_positive(float), default=25.0, help="DDP bucket_cap_mb")
     parser.add_argument("--fusion-mb", type=_positive(float), default=128.0, help="Horovod fusion threshold, MiB")
     parser.add_argument("--cycle-ms", type=_non_negative, default=1.0, help="Horovod cycle time, ms")
@@ -114,6 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="micro batches per optimizer step, reduced once (ddp, ddp_no_overlap, horovod)")
     parser.add_argument("--micro-batch-size", type=_positive(int), default=8,
                         help="tensor_parallel: sequences per step (its activations' size, with --model)")
+    parser.add_argument("--layouts", action="store_true",
+                        help="rank the layouts of --model gpt:PRESET on --nodes N of --system (dp x tp x pp, ZeRO "
+                        "stage, recomputation, micro batch) by predicted step, among those that fit")
+    parser.add_argument("--global-batch-size", type=_positive(int), help="--layouts: sequences per optimizer step")
+    parser.add_argument("--mfu", type=_fraction, default=LAYOUT_DEFAULTS["mfu"],
+                        help="--layouts: the share of the devices' peak a step's compute reaches (default 0.45)")
+    parser.add_argument("--top", type=_positive(int), default=LAYOUT_DEFAULTS["top"],
+                        help="--layouts: how many fitting layouts to show")
     parser.add_argument("--plot", type=Path, help="write the efficiency figure here (.png)")
     parser.add_argument("--json", type=Path, help="write the rows here")
 
@@ -184,9 +203,87 @@ def count_params(model: str) -> int:
     return sum(p.numel() for p in built.parameters())
 
 
+def resolve_layouts(args) -> dict:
+    """--layouts' inputs, checked: a system, a language model, one node count and the global batch."""
+    from scaledl.output_paths import check_file
+    from scaledl.perf import choose
+
+    if not args.system:
+        raise InputError("--layouts needs --system (polaris or aurora: its nodes, links and devices)")
+    if not (args.model or "").startswith("gpt:"):
+        raise InputError("--layouts lays out a language model: give --model gpt:PRESET (gpt:gpt3-2.7b)")
+    if not args.nodes or len(args.nodes) != 1:
+        raise InputError("--layouts needs one node count: --nodes N")
+    if args.global_batch_size is None:
+        raise InputError("--layouts needs --global-batch-size (sequences per optimizer step)")
+    ignored = [flag for flag, value in (("--step-ms", args.step_ms), ("--step-json", args.step_json),
+                                        ("--plot", args.plot), ("--ranks", args.ranks),
+                                        ("--rerun-share", args.rerun_share)) if value is not None]
+    ignored += [f"--{name.replace('_', '-')}" for name, default in STEP_DEFAULTS.items()
+                if getattr(args, name) != default]
+    if ignored:
+        raise InputError(f"--layouts predicts each layout from the model's flops and chooses its own strategy, "
+                         f"recomputation and micro batches: leave out {' '.join(ignored)}")
+    if args.json is not None:
+        check_file(args.json, "--json")
+    return {"sizes": model_sizes(args.model), "system": predict.SYSTEMS[args.system],
+            "device": choose.DEVICES[args.system], "nodes": args.nodes[0]}
+
+
+def run_layouts(args) -> int:
+    from scaledl.output_paths import OutputPathError, describe_os_error
+    from scaledl.perf import choose
+    from scaledl.perf.bench.runner import text_table
+
+    try:
+        inputs = resolve_layouts(args)
+    except (InputError, OutputPathError) as error:
+        print(f"scaledl predict: error: {error}", file=sys.stderr)
+        return 2
+    rows = choose.layouts(inputs["sizes"], inputs["system"], inputs["device"], inputs["nodes"], args.global_batch_size,
+                          mfu=args.mfu)
+    fitting = [row for row in rows if row["fits"]]
+    device, ranks = inputs["device"], inputs["nodes"] * inputs["system"].ranks_per_node
+    print(f"{args.model} on {inputs['nodes']} {args.system} node(s), {ranks} ranks of {device.name} "
+          f"({device.memory_bytes / 2**30:.0f} GiB), global batch {args.global_batch_size} sequences, "
+          f"compute at {args.mfu:.0%} of peak: {len(fitting)} of {len(rows)} layouts fit")
+    columns = ["dp", "tp", "pp", "zero", "recompute", "micro_batch_size", "micro_batches", "memory_gib", "step_ms",
+               "tokens_per_s", "mfu", "bubble", "tp_ms", "pp_ms", "dp_ms"]
+    shown = []
+    for row in fitting[:args.top]:
+        row = {**row, **{name.replace("_s", "_ms"): row[name] * 1e3 for name in ("step_s", "tp_s", "pp_s", "dp_s")}}
+        shown.append({k: (round(row[k]) if k == "tokens_per_s" else float(f"{row[k]:.4g}") if isinstance(row[k], float)
+                          else row[k]) for k in columns})
+    if shown:
+        print(text_table(columns, shown))
+    else:
+        smallest = min(rows, key=lambda row: row["memory_gib"])
+        print(f"none fits: the smallest needs {smallest['memory_gib']:.1f} GiB a rank (dp {smallest['dp']}, tp "
+              f"{smallest['tp']}, pp {smallest['pp']}, ZeRO-{smallest['zero']}, recompute {smallest['recompute']}); "
+              "add nodes or shrink the model")
+    try:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"inputs": {"model": args.model, "system": args.system,
+                                                        "nodes": inputs["nodes"], "mfu": args.mfu,
+                                                        "global_batch_size": args.global_batch_size},
+                                             "rows": rows}, indent=1) + "\n")
+    except OSError as error:
+        print(f"scaledl predict: error: {describe_os_error(error, error.filename or args.json)}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def resolve(args) -> dict:
     """Every input checked and read; nothing written yet."""
     from scaledl.output_paths import check_file
+
+    if args.step_ms is None and args.step_json is None:
+        raise InputError("give the single-device step: --step-ms or --step-json (or --layouts, which predicts it)")
+    stray = [f"--{name.replace('_', '-')}" for name, default in LAYOUT_DEFAULTS.items()
+             if getattr(args, name) != default]
+    if stray:
+        raise InputError(f"{' '.join(stray)} go with --layouts: add it, or leave them out")
 
     if (args.alpha_us is None) != (args.bandwidth_gbps is None):
         raise InputError("--alpha-us and --bandwidth-gbps go together: give both, or --system, or --comm-json")
@@ -242,6 +339,8 @@ def run(args) -> int:
     from scaledl.perf.bench.runner import text_table
     from scaledl.output_paths import OutputPathError, describe_os_error
 
+    if args.layouts:
+        return run_layouts(args)
     try:
         inputs = resolve(args)
     except (InputError, OutputPathError) as error:

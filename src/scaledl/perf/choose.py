@@ -1,0 +1,154 @@
+"""Choose a layout: every way to lay a language model over a machine's ranks, ranked by predicted step
+time among those that fit in a device's memory (`scaledl predict --layouts`).
+
+A layout is dp x tp x pp ranks (tp inside a node, dividing the heads; pp dividing the blocks; dp the
+rest), a ZeRO stage, a recomputation mode and a micro batch size, at a fixed global batch.  The
+Ultra-Scale Playbook (Hugging Face, 2025) finds its configurations the same way in three steps:
+fit the model in memory (shard the state, recompute, split the layers), reach the global batch
+(micro batches, accumulation, data parallelism), then keep the fastest.  Here each step is the
+arithmetic the lessons derive, so a ranking can be checked line by line:
+
+Memory per rank, mixed precision (bf16 weights and gradients) with Adam, the most common setup:
+- the state: `zero_memory.bytes_per_param(precision, stage, optimizer_state_bytes=8)` (16-bit
+  weights and gradients, an fp32 master copy and Adam's two fp32 moments: 2 + 2 + 12 bytes a
+  parameter), partitioned over dp as the ZeRO stage says, of the parameters the rank holds: its
+  stage's blocks (depth/pp of them) with their split layers over tp, and the embeddings or the head;
+- the activations (`scaledl.activations`): a stage's blocks for one micro batch, times the micro
+  batches a stage holds (1F1B's first stage: min(m, pp)).  The bytes under autocast and the split
+  over tp are each derived and measured (lessons 11 and 12); together they are an approximation:
+  the split's fp32 share is applied to bf16's bytes;
+- `headroom` (10% by default) kept free for CUDA's context, the allocator's slack and workspaces.
+
+Time per step:
+- compute: the model's flops for the global batch (`models.gpt_flops_per_token`, with full
+  recomputation's extra forward, a third of 6N) at `mfu` of the devices' peak (`scaledl.flops`),
+  over all the ranks, stretched by the pipeline's bubble (p-1)/(m+p-1) (`predict.bubble_fraction`);
+- tensor parallelism: 4 all-reduces of a micro batch's activations per block and micro batch
+  (Megatron-LM's count, Shoeybi et al. 2019, section 3), inside a node, not overlapped;
+- pipeline: each micro batch's activations sent to the next stage and its gradient back;
+- data parallelism: `predict.exposed_comm_s` for DDP (stage 0) and ZeRO 1-3, the reduction once a
+  step overlapping the last micro batch's backward (ZeRO-3 gathers the weights every micro batch).
+  A ring that leaves a node shares the node's injection bandwidth with the node's other dp rings.
+DeepSpeed refuses ZeRO-2 and -3 with pipeline parallelism ("ZeRO-2 and ZeRO-3 are incompatible with
+pipeline parallelism", deepspeed/runtime/pipe/engine.py, 0.19.8): those layouts are left out.
+
+What it leaves out: a small micro batch's lower efficiency (every layout is at the same `mfu`),
+the overlap of tensor-parallel communication with compute, and stragglers.  It ranks layouts; a
+measurement on the machine decides between the first few.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scaledl import activations, models, zero_memory
+from scaledl.perf import predict
+
+ADAM_STATE_BYTES = 8  # Adam's two fp32 moments a parameter (torch.optim.Adam: exp_avg, exp_avg_sq)
+RECOMPUTE = ("none", "full")  # selective reruns a measured share: not predicted here
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_bytes: int
+    peak_flops: float  # dense bf16
+    source: str
+
+
+# Polaris: A100 SXM4 40GB (ALCF Polaris machine overview; NVIDIA A100 datasheet: 312 TFLOP/s bf16).
+# Aurora: one tile of a Max 1550, 64 GiB of the GPU's 128 (ALCF Aurora machine overview), 419 TFLOP/s bf16
+# (half the GPU's 839: scaledl.flops).
+DEVICES = {"polaris": Device("A100 SXM4 40GB", 40 * 2**30, 312e12, "ALCF Polaris overview, NVIDIA A100 datasheet"),
+           "aurora": Device("Max 1550 tile", 64 * 2**30, 419e12, "ALCF Aurora overview, scaledl.flops")}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def params_per_rank(width: int, depth: int, seq_len: int, tp: int, pp: int,
+                    vocab_size: int = models.VOCAB_SIZE) -> float:
+    """Parameters the largest stage's rank holds: depth/pp blocks, their split layers over tp, plus the
+    embeddings (the first stage) or the head (the last), whichever is larger."""
+    block_split = models.transformer_sharded_params(width, 1)
+    block_whole = (12 * width * width + 13 * width) - block_split  # norms and the row-wise layers' biases
+    blocks = depth // pp * (block_split / tp + block_whole)
+    embed = (vocab_size + seq_len) * width
+    head = 2 * width + width * vocab_size + vocab_size
+    return blocks + (embed + head if pp == 1 else max(embed, head))
+
+
+def activation_bytes(seq_len: int, micro_batch_size: int, width: int, blocks: int, heads: int, recompute: str,
+                     precision: str, tp: int) -> float:
+    """One micro batch's activations on a stage of `blocks` blocks (with the head), split over tp."""
+    whole = activations.model_bytes(seq_len, micro_batch_size, width, blocks, heads, recompute, precision=precision)
+    if tp == 1:
+        return whole
+    fp32 = activations.block_bytes(seq_len, micro_batch_size, width, heads, recompute)
+    split = activations.block_bytes(seq_len, micro_batch_size, width, heads, recompute, tp=tp)
+    return whole * split / fp32
+
+
+def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int, dp: int,
+             tp: int, pp: int, stage: int, recompute: str, micro_batch_size: int, precision: str = "bf16",
+             mfu: float = 0.45, headroom: float = 0.1) -> dict:
+    """One layout's memory per rank and predicted step (see the module docstring)."""
+    width, depth, heads, seq_len = sizes["width"], sizes["depth"], sizes["heads"], sizes["seq_len"]
+    world = nodes * system.ranks_per_node
+    micro_batches = global_batch_size // (dp * micro_batch_size)  # per step, on each pipeline or rank
+    held = params_per_rank(width, depth, seq_len, tp, pp)
+    weight, grad, state = zero_memory.bytes_per_param(precision, stage, ADAM_STATE_BYTES)
+    state_bytes = zero_memory.predict(math.ceil(held), dp, stage, weight, grad, state)["total"]
+    in_flight = min(micro_batches, pp) if pp > 1 else 1
+    activation = in_flight * activation_bytes(seq_len, micro_batch_size, width, depth // pp, heads, recompute,
+                                              precision, tp)
+    memory = state_bytes + activation
+    flops = models.gpt_flops_per_token(width, depth, seq_len) * global_batch_size * seq_len
+    if recompute == "full":
+        flops *= 8 / 6  # one more forward: 2N of the 6N
+    compute_s = flops / (world * device.peak_flops * mfu)
+    bubble = predict.bubble_fraction(pp, micro_batches) if pp > 1 else 0.0
+    compute_s /= 1 - bubble
+    value_bytes = 2 if precision != "fp32" else 4
+    activation_message = micro_batch_size * seq_len * width * value_bytes
+    tp_s = micro_batches * depth // pp * 4 * predict.allreduce_s(activation_message, tp, system.intra)
+    pp_link = system.intra if tp * pp <= system.ranks_per_node else system.inter
+    pp_s = 2 * (micro_batches + pp - 1) * (pp_link.alpha_s + activation_message / pp_link.bandwidth_Bps) if pp > 1 \
+        else 0.0
+    dp_link = system.intra
+    if nodes > 1 and dp > 1:  # the dp rings leave the node, sharing its NICs with its other dp rings
+        rings = min(tp * pp, system.ranks_per_node)
+        dp_link = predict.Link(system.inter.alpha_s, system.inter.bandwidth_Bps / rings, system.inter.source,
+                               system.inter.overlaps)
+    one_backward = compute_s / micro_batches * predict.BACKWARD_FRACTION
+    strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    dp_s = predict.exposed_comm_s(strategy, held * grad, dp, dp_link, one_backward) if dp > 1 else 0.0
+    if stage == 3:
+        dp_s *= micro_batches  # the weights gathered again for every micro batch
+    step_s = compute_s + tp_s + pp_s + dp_s
+    return {"dp": dp, "tp": tp, "pp": pp, "zero": stage, "recompute": recompute,
+            "micro_batch_size": micro_batch_size, "micro_batches": micro_batches,
+            "memory_gib": memory / 2**30, "fits": memory <= (1 - headroom) * device.memory_bytes,
+            "step_s": step_s, "tokens_per_s": global_batch_size * seq_len / step_s,
+            "mfu": flops / (8 / 6 if recompute == "full" else 1) / (world * device.peak_flops * step_s),
+            "bubble": bubble, "tp_s": tp_s, "pp_s": pp_s, "dp_s": dp_s}
+
+
+def layouts(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int,
+            **options) -> list[dict]:
+    """Every layout (see the module docstring): the fitting ones first, fastest first, and of two as fast
+    the one that needs less memory."""
+    world = nodes * system.ranks_per_node
+    rows = []
+    for tp in (d for d in divisors(system.ranks_per_node) if sizes["heads"] % d == 0):
+        for pp in (d for d in divisors(sizes["depth"]) if world % (tp * d) == 0):
+            dp = world // (tp * pp)
+            if global_batch_size % dp:
+                continue
+            for micro_batch_size in divisors(global_batch_size // dp):
+                for stage in (0,) if dp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
+                    for recompute in RECOMPUTE:
+                        rows.append(evaluate(sizes, system, device, nodes, global_batch_size, dp, tp, pp, stage,
+                                             recompute, micro_batch_size, **options))
+    return sorted(rows, key=lambda row: (not row["fits"], round(row["step_s"], 9), row["memory_gib"]))
