@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, run, tool
+from scaledl.perf import predict
 from scaledl.perf.bench import comm, memory, runner, stats
 from scaledl.perf.bench.cli import SUITE_NAMES
 
@@ -37,6 +38,22 @@ def test_alpha_beta_fit_recovers_latency_and_bandwidth():
     fit = stats.fit_alpha_beta(sizes, seconds)
     assert fit["alpha_s"] == pytest.approx(20e-6, rel=1e-3)
     assert fit["bandwidth_Bps"] == pytest.approx(5e9, rel=1e-3)
+
+
+def test_alpha_beta_fit_never_goes_below_zero():
+    # Times that fall as the messages grow (noise on shared cores): no negative bandwidth, the sizes did not matter.
+    sizes = [4096 * 4**i for i in range(6)]
+    falling = [3e-3 - 1e-10 * n for n in sizes]
+    fit = stats.fit_alpha_beta(sizes, falling)
+    assert fit["beta_s_per_byte"] == 0 and fit["bandwidth_Bps"] == float("inf") and fit["held_at_zero"] == "beta"
+    assert min(falling) <= fit["alpha_s"] <= max(falling)
+    link = predict.link_from_fit(fit, 2)
+    assert predict.allreduce_s(1e6, 2, link) == pytest.approx(2 * link.alpha_s)  # latency only
+    # Times through the origin and below it at small sizes: no negative latency, the bandwidth refitted.
+    steep = [n / 5e9 - 1e-6 for n in sizes]
+    fit = stats.fit_alpha_beta(sizes, [max(t, 1e-9) for t in steep])
+    assert fit["alpha_s"] == 0 and fit["held_at_zero"] == "alpha" and fit["bandwidth_Bps"] > 0
+    assert stats.fit_alpha_beta(sizes, [20e-6 + n / 5e9 for n in sizes])["held_at_zero"] is None
 
 
 def test_bus_bandwidth_factors_follow_nccl_tests():

@@ -566,7 +566,7 @@ def link_from_fit(fit: dict, ranks: int, source: str = "", overlaps: bool = True
     alpha = a / (2(N-1)), bandwidth = 2(N-1)/N / b."""
     if ranks < 2:
         raise ValueError("an all-reduce fit needs at least 2 ranks")
-    return Link(fit["alpha_s"] / (2 * (ranks - 1)), 2 * (ranks - 1) / ranks / fit["beta_s_per_byte"],
+    return Link(fit["alpha_s"] / (2 * (ranks - 1)), _per_byte(2 * (ranks - 1) / ranks, fit["beta_s_per_byte"]),
                 source or f"all-reduce fit on {ranks} ranks", overlaps)
 
 
@@ -575,8 +575,13 @@ def half_link_from_fit(fit: dict, ranks: int, source: str = "", overlaps: bool =
     t = (N-1) alpha + (N-1)/N n / bandwidth, so alpha = a / (N-1), bandwidth = (N-1)/N / b."""
     if ranks < 2:
         raise ValueError("a reduce-scatter or all-gather fit needs at least 2 ranks")
-    return Link(fit["alpha_s"] / (ranks - 1), (ranks - 1) / ranks / fit["beta_s_per_byte"],
+    return Link(fit["alpha_s"] / (ranks - 1), _per_byte((ranks - 1) / ranks, fit["beta_s_per_byte"]),
                 source or f"fit on {ranks} ranks", overlaps)
+
+
+def _per_byte(share: float, beta_s_per_byte: float) -> float:
+    """A link's bandwidth from a fit's time per byte: infinite where the fit found none (held at 0)."""
+    return share / beta_s_per_byte if beta_s_per_byte > 0 else float("inf")
 
 
 def predict(step_s: float, num_params: int, system: str | System = "polaris", measured: list[dict] | None = None,

@@ -61,8 +61,17 @@ def fit_alpha_beta(sizes_bytes, seconds) -> dict:
     """Least-squares fit of t = alpha + beta * n (Hockney's latency-bandwidth model).
 
     Weighted by 1/t so that the small messages (which set alpha) count as much as the
-    large ones (which set beta); returns alpha in seconds and the bandwidth 1/beta in B/s."""
+    large ones (which set beta); returns alpha in seconds and the bandwidth 1/beta in B/s.
+    A latency and a time per byte cannot be negative, but times taken on busy shared cores can
+    pull a free fit below zero: then that term is held at 0 and the other fitted alone
+    (`held_at_zero` names it; a beta of 0 is an infinite bandwidth: the sizes did not matter)."""
     n, t = np.asarray(sizes_bytes, np.float64), np.asarray(seconds, np.float64)
+    weight = (1 / t) ** 2  # np.polyfit's w multiplies the residuals: their squares weigh 1/t^2
     beta, alpha = np.polyfit(n, t, 1, w=1 / t)
-    return {"alpha_s": float(max(alpha, 0.0)), "beta_s_per_byte": float(beta),
-            "bandwidth_Bps": float(1 / beta) if beta > 0 else float("inf")}
+    held = None
+    if beta < 0:
+        alpha, beta, held = float(np.sum(weight * t) / np.sum(weight)), 0.0, "beta"
+    elif alpha < 0:
+        alpha, beta, held = 0.0, float(np.sum(weight * n * t) / np.sum(weight * n * n)), "alpha"
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta),
+            "bandwidth_Bps": float(1 / beta) if beta > 0 else float("inf"), "held_at_zero": held}
