@@ -1,6 +1,7 @@
 """What every lesson's checks share: the one-line verdict, and reading a name off every live rank."""
 from __future__ import annotations
 
+import math
 import sys
 
 from scaledl import class_records
@@ -44,6 +45,19 @@ def _attempt(name: str, where: str, call):
     except Exception as error:  # a learner's error, reported in one line
         _verdict(False, f"{where}: {name} raised {type(error).__name__}: {(str(error).splitlines() or [''])[0]}")
     return _FAILED
+
+
+def _number(name: str, where: str, call, positive: bool = False):
+    """`_attempt` for an exercise that returns bytes: the number, or _FAILED after the one-line FAIL
+    verdict (unfinished, the learner's error, or something that is not a finite number)."""
+    found = _attempt(name, where, call)
+    if found is _FAILED:
+        return _FAILED
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found) \
+            or (positive and found <= 0):
+        _verdict(False, f"{where}: {name} returned {found!r}: return a number of bytes")
+        return _FAILED
+    return found
 
 
 def _unfinished(name: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from scaledl import activations, models, report
-from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _number, _unfinished, _verdict
 
 # (num_params is counted from the model) a small model, each optimizer after one step.
 _OPTIMIZERS = ("sgd", "adam")
@@ -37,11 +37,9 @@ def check_state_bytes(state_bytes) -> bool:
     for name in _OPTIMIZERS:
         num_params, counted = _live_state_bytes(name)
         where = f"{num_params:,} parameters, {name}"
-        got = _attempt("state_bytes", where, lambda: state_bytes(num_params, name))
+        got = _number("state_bytes", where, lambda: state_bytes(num_params, name))
         if got is _FAILED:
             return False
-        if not isinstance(got, (int, float)) or not math.isfinite(got):
-            return _verdict(False, f"{where}: it returned {got!r}: return a number of bytes")
         if math.isclose(got, counted, rel_tol=1e-9):
             continue
         per_param = got / num_params
@@ -71,11 +69,10 @@ def check_activation_prediction(activation_bytes) -> bool:
         return _unfinished("activation_bytes")
     for seq_len, batch, width, heads, depth in _ACTIVATION_CASES:
         where = f"s={seq_len}, b={batch}, h={width}, a={heads}, {depth} blocks"
-        got = _attempt("activation_bytes", where, lambda: activation_bytes(seq_len, batch, width, heads, depth))
+        got = _number("activation_bytes", where, lambda: activation_bytes(seq_len, batch, width, heads, depth),
+                      positive=True)
         if got is _FAILED:
             return False
-        if not isinstance(got, (int, float)) or not math.isfinite(got) or got <= 0:
-            return _verdict(False, f"{where}: it returned {got!r}: return a number of bytes")
         torch.manual_seed(0)
         model = models.gpt(width, depth, heads, seq_len)
         counted, _ = activations.held_by_forward(model, torch.randint(0, models.VOCAB_SIZE, (batch, seq_len)))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from scaledl import activations
-from scaledl.workshop.checks.common import _FAILED, _attempt, _unfinished, _verdict
+from scaledl.workshop.checks.common import _FAILED, _number, _unfinished, _verdict
 
 # seq_len, batch, width, heads, tp: sizes the prediction must hold for (each divides as the rung requires)
 SP_CASES = [(32, 8, 64, 4, 2), (1024, 4, 768, 12, 4), (2048, 1, 4096, 32, 8), (96, 3, 96, 6, 3)]
@@ -16,11 +16,9 @@ def check_sp_block_bytes(sp_block_bytes) -> bool:
         return _unfinished("sp_block_bytes")
     for seq_len, batch, width, heads, tp in SP_CASES:
         case = f"seq_len={seq_len}, batch={batch}, width={width}, heads={heads}, tp={tp}"
-        found = _attempt("sp_block_bytes", case, lambda: sp_block_bytes(seq_len, batch, width, heads, tp))
+        found = _number("sp_block_bytes", case, lambda: sp_block_bytes(seq_len, batch, width, heads, tp))
         if found is _FAILED:
             return False
-        if isinstance(found, bool) or not isinstance(found, (int, float)):
-            return _verdict(False, f"sp_block_bytes returned {type(found).__name__}: return a number of bytes")
         expected = activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=True)
         if abs(found - expected) <= 0.02 * expected:  # the small terms (statistics, log-sum-exp) may go
             continue
