@@ -231,7 +231,7 @@ def test_lessons_import_no_rung_internals():
 RECIPES = {"00_setup": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
            "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_model_parallel": "fsdp_tp",
-           "12_sequences": "tensor_parallel"}
+           "11_memory": "ddp", "12_sequences": "tensor_parallel"}
 # A lesson's live ranks on a Polaris node: a node's 4 GPUs, except where the lesson's split needs exactly 2.
 LIVE_RANKS = {"10_model_parallel": 2, "12_sequences": 2}
 
