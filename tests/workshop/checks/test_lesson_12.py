@@ -119,3 +119,27 @@ def test_the_ring_schedule_and_its_arithmetic():
     assert context_parallel.ring_step_flops(hide, batch, width) / peak == pytest.approx(
         context_parallel.ring_step_bytes(hide, batch, width) / bandwidth)
     assert context_parallel.ring_step_bytes(n, batch, width) == 2 * n * batch * width * 2
+
+
+def layout(**changes):
+    return {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch_size": 1, **changes}
+
+
+def test_layout(capsys):
+    assert checks.check_layout(layout())
+    assert "within 5% of the fastest that fits" in verdict(capsys)
+    assert checks.check_layout(layout(dp=8, pp=2, zero=0))  # the predictor's fastest
+    verdict(capsys)
+    fails(capsys, checks.check_layout(None), "not set")
+    fails(capsys, checks.check_layout({"dp": 16}), "must be a dict with the keys")
+    fails(capsys, checks.check_layout(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
+    fails(capsys, checks.check_layout(layout(recompute="full")), "adds a third to the compute")
+    fails(capsys, checks.check_layout(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
+    fails(capsys, checks.check_layout(layout(dp=2, tp=8)), "stays inside a node")
+    fails(capsys, checks.check_layout(layout(dp=8, pp=2, zero=3)), "refuses ZeRO-2 and ZeRO-3")
+    fails(capsys, checks.check_layout(layout(dp=8)), "must use the 16 ranks")
+    fails(capsys, checks.check_layout(layout(dp=1, tp=4, pp=4, zero=1)), "nothing to partition")
+    fails(capsys, checks.check_layout(layout(dp=16, pp=1, tp=1, micro_batch_size=3)), "equal parts")
+    fails(capsys, checks.check_layout(layout(dp=16 // 3 * 3, tp=1, pp=1)), "must use the 16 ranks")
+    fails(capsys, checks.check_layout(layout(recompute="selective")), "recompute is one of")
+    fails(capsys, checks.check_layout(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1")), "whole numbers")

@@ -150,3 +150,63 @@ def check_ring_attention(outputs, qs, ks, vs, causal: bool, tolerance: float = 1
     worst = errors.index(max(errors))
     return _verdict(False, f"{mode}: rank {worst}'s output differs from full attention by up to {max(errors):.2g}: "
                            "compare each step's block with the running maximum, total and output")
+
+
+LAYOUT_KEYS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")
+
+
+def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                 global_batch_size: int = 512, within: float = 0.05) -> bool:
+    """The capstone: `layout`, a dict of LAYOUT_KEYS for the language model at `preset`'s size on `nodes`
+    of `system` at `global_batch_size` sequences a step, must be one the machine and DeepSpeed allow,
+    fit in a device (scaledl.perf.choose's memory per rank) and be predicted within `within` of the
+    fastest layout that fits."""
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    if layout is None:
+        return _unfinished("layout")
+    if not isinstance(layout, dict) or set(LAYOUT_KEYS) - set(layout):
+        return _verdict(False, f"`layout` must be a dict with the keys {', '.join(LAYOUT_KEYS)}")
+    dp, tp, pp, zero, recompute, micro = (layout[key] for key in LAYOUT_KEYS)
+    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
+    ranks, per_node = nodes * machine.ranks_per_node, machine.ranks_per_node
+    if not all(isinstance(v, int) and v >= 1 for v in (dp, tp, pp, micro)) or zero not in (0, 1, 2, 3):
+        return _verdict(False, "dp, tp, pp and micro_batch_size are whole numbers of at least 1, zero a stage 0-3")
+    if dp * tp * pp != ranks:
+        return _verdict(False, f"dp x tp x pp is {dp * tp * pp}: the layout must use the {ranks} ranks, no more, "
+                               "no fewer")
+    if per_node % tp or sizes["heads"] % tp:
+        return _verdict(False, f"tp {tp}: tensor parallelism all-reduces every block, so it stays inside a node "
+                               f"({per_node} GPUs on {system}) and must divide the {sizes['heads']} heads")
+    if sizes["depth"] % pp:
+        return _verdict(False, f"pp {pp} does not divide the {sizes['depth']} blocks into equal stages")
+    if zero >= 2 and pp > 1:
+        return _verdict(False, "DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (deepspeed/runtime/"
+                               "pipe/engine.py): use ZeRO-0 or 1 with pp > 1")
+    if zero and dp == 1:
+        return _verdict(False, "ZeRO partitions the state over the data-parallel ranks: with dp 1 there is nothing "
+                               "to partition; use zero 0")
+    if recompute not in choose.RECOMPUTE:
+        return _verdict(False, f"recompute is one of {', '.join(choose.RECOMPUTE)}")
+    if global_batch_size % (dp * micro):
+        return _verdict(False, f"the global batch of {global_batch_size} sequences must split into dp x "
+                               f"micro_batch_size = {dp * micro} equal parts")
+    row = choose.evaluate(sizes, machine, device, nodes, global_batch_size, dp, tp, pp, zero, recompute, micro)
+    limit = 0.9 * device.memory_bytes / 2**30
+    if not row["fits"]:
+        return _verdict(False, f"it needs {row['memory_gib']:.1f} GiB a rank, more than {limit:.0f} GiB (90% of the "
+                               f"{device.name}'s): shard the state (a higher ZeRO stage), recompute, split the layers "
+                               "or use smaller micro batches")
+    best = choose.layouts(sizes, machine, device, nodes, global_batch_size)[0]
+    named = ", ".join(f"{key} {best[key]}" for key in LAYOUT_KEYS)
+    if row["step_s"] > (1 + within) * best["step_s"]:
+        slow = max(("the pipeline's bubble", row["bubble"] * row["step_s"]), ("tensor parallelism's all-reduces",
+                   row["tp_s"]), ("data parallelism's communication", row["dp_s"]), key=lambda part: part[1])
+        extra = ("recomputing every block adds a third to the compute; " if recompute == "full" else "") + \
+            f"its largest overhead is {slow[0]}, {slow[1]:.2f} s"
+        return _verdict(False, f"it fits ({row['memory_gib']:.1f} GiB a rank) but is predicted at {row['step_s']:.2f} "
+                               f"s a step, more than {within:.0%} slower than the fastest that fits, "
+                               f"{best['step_s']:.2f} s ({named}): {extra}")
+    return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, {row['step_s']:.2f} s a step predicted, within "
+                          f"{within:.0%} of the fastest that fits ({best['step_s']:.2f} s: {named})")
