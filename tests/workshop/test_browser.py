@@ -233,16 +233,32 @@ class Notebook:
         self.page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{item}$")).click()
 
     def run_all(self) -> float:
-        start = time.monotonic()
+        start, before = time.monotonic(), self.prompts()
         self.menu("Run", "Run All Cells")
+        self.wait_until_started(before)
         self.wait_until_idle()
         return time.monotonic() - start
 
     def run_cell(self, index: int) -> None:
         # Clicking the prompt selects the cell without entering its editor, as a learner does.
+        before = self.prompts()
         self.cell(index).locator(".jp-InputPrompt").click()
         self.menu("Run", "Run Selected Cell and Do not Advance")
+        self.wait_until_started(before)
         self.wait_until_idle()
+
+    def wait_until_started(self, before: list[str], timeout: float = 60) -> None:
+        """Until the page shows the run begun (a prompt changed: queued, running or done).  On a loaded
+        machine JupyterLab may take seconds to queue what a menu asked, and an idle kernel with untouched
+        prompts would otherwise read as a run already over."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.fail_on_dialog()
+            if self.prompts() != before:
+                return
+            time.sleep(0.2)
+        self.screenshot("never-started")
+        pytest.fail(f"{self.path}: nothing ran {timeout:.0f} s after the menu command: prompts {self.prompts()}")
 
     def prompts(self) -> list[str]:
         return self.panel.locator(".jp-CodeCell .jp-InputPrompt").evaluate_all(
