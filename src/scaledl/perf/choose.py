@@ -135,20 +135,46 @@ def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, gl
             "bubble": bubble, "tp_s": tp_s, "pp_s": pp_s, "dp_s": dp_s}
 
 
+def refusal(sizes: dict, system: predict.System, nodes: int, global_batch_size: int, dp: int, tp: int, pp: int,
+            stage: int, recompute: str, micro_batch_size: int) -> str | None:
+    """Why the machine or DeepSpeed does not allow this layout (a sentence), or None: the rules that
+    `layouts` enumerates by and the capstone's check names."""
+    ranks, per_node = nodes * system.ranks_per_node, system.ranks_per_node
+    if dp * tp * pp != ranks:
+        return f"dp x tp x pp is {dp * tp * pp}: the layout must use the {ranks} ranks, no more, no fewer"
+    if per_node % tp or sizes["heads"] % tp:
+        return (f"tp {tp}: tensor parallelism all-reduces every block, so it stays inside a node ({per_node} GPUs "
+                f"on {system.name}) and must divide the {sizes['heads']} heads")
+    if sizes["depth"] % pp:
+        return f"pp {pp} does not divide the {sizes['depth']} blocks into equal stages"
+    if stage >= 2 and pp > 1:
+        return ("DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (deepspeed/runtime/pipe/engine.py): "
+                "use ZeRO-0 or 1 with pp > 1")
+    if stage and dp == 1:
+        return ("ZeRO partitions the state over the data-parallel ranks: with dp 1 there is nothing to partition; "
+                "use zero 0")
+    if recompute not in RECOMPUTE:
+        return f"recompute is one of {', '.join(RECOMPUTE)}"
+    if global_batch_size % (dp * micro_batch_size):
+        return (f"the global batch of {global_batch_size} sequences must split into dp x micro_batch_size = "
+                f"{dp * micro_batch_size} equal parts")
+    return None
+
+
 def layouts(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int,
             **options) -> list[dict]:
-    """Every layout (see the module docstring): the fitting ones first, fastest first, and of two as fast
-    the one that needs less memory."""
+    """Every layout `refusal` allows (see the module docstring): the fitting ones first, fastest first, and of
+    two as fast the one that needs less memory."""
     world = nodes * system.ranks_per_node
     rows = []
-    for tp in (d for d in divisors(system.ranks_per_node) if sizes["heads"] % d == 0):
-        for pp in (d for d in divisors(sizes["depth"]) if world % (tp * d) == 0):
+    for tp in divisors(system.ranks_per_node):
+        for pp in (d for d in divisors(world // tp) if world % (tp * d) == 0):
             dp = world // (tp * pp)
-            if global_batch_size % dp:
-                continue
-            for micro_batch_size in divisors(global_batch_size // dp):
-                for stage in (0,) if dp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3):
+            for micro_batch_size in divisors(global_batch_size):
+                for stage in (0, 1, 2, 3):
                     for recompute in RECOMPUTE:
-                        rows.append(evaluate(sizes, system, device, nodes, global_batch_size, dp, tp, pp, stage,
-                                             recompute, micro_batch_size, **options))
+                        if refusal(sizes, system, nodes, global_batch_size, dp, tp, pp, stage, recompute,
+                                   micro_batch_size) is None:
+                            rows.append(evaluate(sizes, system, device, nodes, global_batch_size, dp, tp, pp, stage,
+                                                 recompute, micro_batch_size, **options))
     return sorted(rows, key=lambda row: (not row["fits"], round(row["step_s"], 9), row["memory_gib"]))

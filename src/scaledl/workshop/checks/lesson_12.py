@@ -170,28 +170,11 @@ def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nod
         return _verdict(False, f"`layout` must be a dict with the keys {', '.join(LAYOUT_KEYS)}")
     dp, tp, pp, zero, recompute, micro = (layout[key] for key in LAYOUT_KEYS)
     sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
-    ranks, per_node = nodes * machine.ranks_per_node, machine.ranks_per_node
     if not all(isinstance(v, int) and v >= 1 for v in (dp, tp, pp, micro)) or zero not in (0, 1, 2, 3):
         return _verdict(False, "dp, tp, pp and micro_batch_size are whole numbers of at least 1, zero a stage 0-3")
-    if dp * tp * pp != ranks:
-        return _verdict(False, f"dp x tp x pp is {dp * tp * pp}: the layout must use the {ranks} ranks, no more, "
-                               "no fewer")
-    if per_node % tp or sizes["heads"] % tp:
-        return _verdict(False, f"tp {tp}: tensor parallelism all-reduces every block, so it stays inside a node "
-                               f"({per_node} GPUs on {system}) and must divide the {sizes['heads']} heads")
-    if sizes["depth"] % pp:
-        return _verdict(False, f"pp {pp} does not divide the {sizes['depth']} blocks into equal stages")
-    if zero >= 2 and pp > 1:
-        return _verdict(False, "DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (deepspeed/runtime/"
-                               "pipe/engine.py): use ZeRO-0 or 1 with pp > 1")
-    if zero and dp == 1:
-        return _verdict(False, "ZeRO partitions the state over the data-parallel ranks: with dp 1 there is nothing "
-                               "to partition; use zero 0")
-    if recompute not in choose.RECOMPUTE:
-        return _verdict(False, f"recompute is one of {', '.join(choose.RECOMPUTE)}")
-    if global_batch_size % (dp * micro):
-        return _verdict(False, f"the global batch of {global_batch_size} sequences must split into dp x "
-                               f"micro_batch_size = {dp * micro} equal parts")
+    refused = choose.refusal(sizes, machine, nodes, global_batch_size, dp, tp, pp, zero, recompute, micro)
+    if refused:
+        return _verdict(False, refused)
     row = choose.evaluate(sizes, machine, device, nodes, global_batch_size, dp, tp, pp, zero, recompute, micro)
     limit = 0.9 * device.memory_bytes / 2**30
     if not row["fits"]:
