@@ -99,42 +99,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step = parser.add_mutually_exclusive_group()  # one of them, unless --layouts
     step.add_argument("--step-ms", type=_positive(float), help="measured single-device step (forward+backward+update)")
     step.add_argument("--step-json", type=Path, help="a `scaledl bench overhead` or `bench predict` result")
-    parser.add_argument("--backward-fraction", type=_fraction, default=predict.BACKWARD_FRACTION,
+    parser.add_argument("--backward-fraction", type=_fraction,
                         help="backward's share of the step (measured by the profiler; default 2/3)")
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=_positive(float), help="parameter count (1e9 for a 1B model)")
     size.add_argument("--model", type=model_name,
                       help="count the parameters of cnn, resnet50, transformer:W,D,H,L or gpt:PRESET (gpt:gpt3-2.7b)")
-    parser.add_argument("--bytes-per-param", type=int, choices=(2, 4), default=4, help="gradient bytes per parameter")
+    parser.add_argument("--bytes-per-param", type=int, choices=(2, 4), help="gradient bytes per parameter")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--ranks", type=_positive(int), nargs="+", help="rank counts (default 1 2 4 ... 256)")
     where.add_argument("--nodes", type=_positive(int), nargs="+", help="node counts (with --system)")
-    parser.add_argument("--strategy", choices=predict.STRATEGIES, nargs="+", default=STEP_DEFAULTS["strategy"])
-    parser.add_argument("--bucket-mb", type=_positive(float), default=25.0, help="DDP bucket_cap_mb")
-    parser.add_argument("--fusion-mb", type=_positive(float), default=128.0, help="Horovod fusion threshold, MiB")
-    parser.add_argument("--cycle-ms", type=_non_negative, default=1.0, help="Horovod cycle time, ms")
-    parser.add_argument("--gathers", type=_positive(int), default=1,
+    parser.add_argument("--strategy", choices=predict.STRATEGIES, nargs="+")
+    parser.add_argument("--bucket-mb", type=_positive(float), help="DDP bucket_cap_mb")
+    parser.add_argument("--fusion-mb", type=_positive(float), help="Horovod fusion threshold, MiB")
+    parser.add_argument("--cycle-ms", type=_non_negative, help="Horovod cycle time, ms")
+    parser.add_argument("--gathers", type=_positive(int),
                         help="ZeRO-3/FSDP2: units gathered one at a time per pass (layers or modules)")
-    parser.add_argument("--micro-batches", type=_positive(int), default=8, help="pipeline micro batches per step")
-    parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+    parser.add_argument("--micro-batches", type=_positive(int), help="pipeline micro batches per step")
+    parser.add_argument("--recompute", choices=("none", "selective", "full"),
                         help="data-parallel strategies: the forward run again in backward (selective needs "
                         "--rerun-share)")
     parser.add_argument("--rerun-share", type=_fraction, help="--recompute selective: the measured share of the "
                         "forward it reruns")
-    parser.add_argument("--grad-accum", type=_positive(int), default=1,
+    parser.add_argument("--grad-accum", type=_positive(int),
                         help="micro batches per optimizer step, reduced once (ddp, ddp_no_overlap, horovod)")
-    parser.add_argument("--micro-batch-size", type=_positive(int), default=8,
+    parser.add_argument("--micro-batch-size", type=_positive(int),
                         help="tensor_parallel: sequences per step (its activations' size, with --model)")
     parser.add_argument("--layouts", action="store_true",
                         help="rank the layouts of --model gpt:PRESET on --nodes N of --system (dp x tp x pp, ZeRO "
                         "stage, recomputation, micro batch) by predicted step, among those that fit")
     parser.add_argument("--global-batch-size", type=_positive(int), help="--layouts: sequences per optimizer step")
-    parser.add_argument("--mfu", type=_fraction, default=LAYOUT_DEFAULTS["mfu"],
+    parser.add_argument("--mfu", type=_fraction,
                         help="--layouts: the share of the devices' peak a step's compute reaches (default 0.45)")
-    parser.add_argument("--top", type=_positive(int), default=LAYOUT_DEFAULTS["top"],
+    parser.add_argument("--top", type=_positive(int),
                         help="--layouts: how many fitting layouts to show")
     parser.add_argument("--plot", type=Path, help="write the efficiency figure here (.png)")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    # The defaults in one place: --layouts refuses the step flags changed from them, and the step prediction
+    # the layout flags.
+    parser.set_defaults(**STEP_DEFAULTS, **LAYOUT_DEFAULTS)
 
 
 class InputError(ValueError):
