@@ -122,7 +122,8 @@ def test_a_rung_trains_the_language_model_and_reports_tokens_and_mfu(tmp_path):
                     "--log-interval", "2", "--batch-size", "8", "--out-dir", str(out)],
                    check=True, capture_output=True, timeout=300)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["tokens_per_s"] == pytest.approx(summary["samples_per_s"] * 32, rel=1e-3)
+    # samples_per_s is rounded to 0.1 and tokens_per_s comes from the unrounded rate: 32 x 0.05 apart at most
+    assert summary["tokens_per_s"] == pytest.approx(summary["samples_per_s"] * 32, abs=32 * 0.05 + 0.05)
     flops = models.gpt_flops_per_token(32, 1, 32)
     assert summary["mfu"] == pytest.approx(summary["tokens_per_s"] * flops / (summary["peak_tflops"] * 1e12), rel=0.01,
                                            abs=1e-4)  # the summary rounds both

@@ -40,7 +40,9 @@ def test_the_demo_shows_a_language_models_tokens_and_mfu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = json.loads((tmp_path / "demo.json").read_text())
     for row in rows:
-        assert row["tokens_per_s"] == pytest.approx(32 * row["samples_per_s"], rel=0.01) and 0 < row["mfu"] < 1.5
+        # the rows round samples_per_s to 0.1; tokens_per_s comes from the unrounded rate
+        assert row["tokens_per_s"] == pytest.approx(32 * row["samples_per_s"], abs=32 * 0.05 + 0.05)
+        assert 0 < row["mfu"] < 1.5
     header = next(line for line in result.stdout.splitlines() if line.startswith("rung "))
     assert "tokens_per_s" in header and "mfu" in header
 
