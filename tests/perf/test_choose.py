@@ -116,3 +116,48 @@ def test_the_layout_flags_without_layouts_are_refused(tmp_path):
     result = subprocess.run([tool("scaledl"), "predict", "--system", "polaris", "--model", "gpt:tiny", "--step-ms", "3",
                              "--global-batch-size", "8"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--global-batch-size go with --layouts" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_the_chooser_is_checked_against_the_rungs_here(tmp_path):
+    """`scaledl bench layouts`: every layout predicted by the chooser from this machine's measured rate and link,
+    and run by its rung; the suite's ranks and correlation are the rows' own."""
+    from scaledl.perf.bench import layouts
+
+    done = subprocess.run([tool("scaledl"), "bench", "layouts", "--quick", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    data = json.loads((tmp_path / "layouts.json").read_text())
+    assert done.returncode == 0 and "error" not in data, data.get("traceback", done.stderr[-2000:])
+    rows = data["rows"]
+    assert {row["rung"] for row in rows} == {"ddp", "deepspeed", "tensor_parallel", "pipeline"}
+    assert [row["layout"] for row in rows] == [layouts.label(layout) for layout in layouts.layouts(2, True)]
+    link = predict.Link(data["link"]["alpha_s"], data["link"]["bandwidth_Bps"], overlaps=data["link"]["overlaps"])
+    system = predict.System("here", 2, link, link)
+    device = choose.Device("here", 2**40, data["device"]["rate_flops"], "")
+    for row in rows:
+        # The prediction is the chooser's own, from the recorded rate and link (both rounded to 4 digits).
+        again = choose.evaluate(layouts.SIZES, system, device, 1, layouts.GLOBAL_BATCH_SIZE, row["dp"], row["tp"],
+                                row["pp"], row["zero"], row["recompute"], row["micro_batch_size"], precision="fp32",
+                                mfu=1.0)
+        assert again["step_s"] * 1e3 == pytest.approx(row["predicted_ms"], rel=2e-3)
+        assert row["measured_ms"] > 0 and row["ratio"] == pytest.approx(row["predicted_ms"] / row["measured_ms"],
+                                                                        rel=2e-3)
+        assert (row["tp_ms"] > 0) == (row["tp"] > 1) and (row["pp_ms"] > 0) == (row["pp"] > 1)
+        assert (row["dp_ms"] > 0) == (row["dp"] > 1)
+    for key in ("predicted", "measured"):
+        order = sorted(rows, key=lambda row: row[f"{key}_ms"])
+        assert [row[f"{key}_rank"] for row in order] == list(range(1, len(rows) + 1))
+    assert data["rho"] == pytest.approx(layouts.spearman([r["predicted_ms"] for r in rows],
+                                                         [r["measured_ms"] for r in rows]))
+    fastest = min(r["measured_ms"] for r in rows)
+    pick = min(rows, key=lambda r: r["predicted_ms"])
+    assert data["pick_cost"] == pytest.approx(pick["measured_ms"] / fastest - 1, abs=1e-3)
+    assert f"headline: {data['headline']['text']}" in done.stdout and (tmp_path / "layouts.png").stat().st_size > 0
+
+
+def test_spearman_counts_orders_not_values():
+    from scaledl.perf.bench.layouts import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(0.8)

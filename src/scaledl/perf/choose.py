@@ -34,7 +34,8 @@ pipeline parallelism", deepspeed/runtime/pipe/engine.py, 0.19.8): those layouts 
 
 What it leaves out: a small micro batch's lower efficiency (every layout is at the same `mfu`),
 the overlap of tensor-parallel communication with compute, and stragglers.  It ranks layouts; a
-measurement on the machine decides between the first few.
+measurement on the machine decides between the first few.  `scaledl bench layouts`
+(scaledl.perf.bench.layouts) checks the ranking against the rungs' runs on this machine's ranks.
 """
 from __future__ import annotations
 

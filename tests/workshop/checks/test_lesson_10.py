@@ -232,3 +232,19 @@ def test_peak_in_flight_check(capsys):
     fails(capsys, checks.check_peak_in_flight(lambda schedule, stages, m: [stages - s for s in range(stages)]),
           "is 1F1B's")
     fails(capsys, checks.check_peak_in_flight(lambda schedule, stages, m: "many"), "a list of whole numbers")
+
+
+# ---------------------------------------------------------------- the interleaved bubble
+def test_interleaved_bubble_check(capsys):
+    assert checks.check_interleaved_bubble(lambda s, m, v: (s - 1) / (v * m + s - 1))
+    assert "1/17 = 5.9%" in verdict(capsys)
+    fails(capsys, checks.check_interleaved_bubble(None), "`interleaved_bubble` is not set")
+    fails(capsys, checks.check_interleaved_bubble(untouched), "NotImplementedError")
+    fails(capsys, checks.check_interleaved_bubble(lambda s, m, v: (s - 1) / (v * m)), "against the ideal step")
+    fails(capsys, checks.check_interleaved_bubble(lambda s, m, v: (s - 1) / (m + s - 1)), "the plain 1F1B bubble")
+    fails(capsys, checks.check_interleaved_bubble(lambda s, m, v: (s - 1) / (m + s - 1) / v), "only the idle time")
+    fails(capsys, checks.check_interleaved_bubble(lambda s, m, v: 100 * (s - 1) / (v * m + s - 1)),
+          "not a percentage")
+    fails(capsys, checks.check_interleaved_bubble(lambda s, m, v: v * (s - 1) / (v * m + s - 1)),
+          "want (S - 1) / (v·M + S - 1)")
+    fails(capsys, checks.check_interleaved_bubble(lambda s, m, v: "small"), "as a number")

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 SUITE_NAMES = ("overhead", "scaling", "comm", "memory", "input", "metrics", "synthetic")
-# Run by name only, not by `all`: it launches two jobs per setting (a few minutes with --quick).
-NAMED_ONLY = ("predict",)
+# Run by name only, not by `all`: each launches a job or two per setting (a few minutes with --quick).
+NAMED_ONLY = ("predict", "layouts")
 
 
 def _path(text: str) -> Path:

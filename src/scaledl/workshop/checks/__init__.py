@@ -21,18 +21,20 @@ from scaledl.workshop.checks.lesson_07 import check_efficiency, check_predicted_
 from scaledl.workshop.checks.lesson_08 import (accumulation_plan, check_accumulation_plan, check_deepspeed_config,
                                                check_stage2_window, check_window_prediction, deepspeed_batch)
 from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_reshard, check_zero_formula
-from scaledl.workshop.checks.lesson_10 import (check_bubble, check_peak_in_flight, check_pipeline,
-                                               check_pipeline_backward, check_tensor_parallel_mlp)
+from scaledl.workshop.checks.lesson_10 import (check_bubble, check_interleaved_bubble, check_peak_in_flight,
+                                               check_pipeline, check_pipeline_backward, check_tensor_parallel_mlp)
 from scaledl.workshop.checks.lesson_11 import (check_activation_prediction, check_flops_per_token, check_recompute,
                                                check_state_bytes)
-from scaledl.workshop.checks.lesson_12 import check_layout, check_ring_attention, check_sp_block_bytes
+from scaledl.workshop.checks.lesson_12 import (check_fastest_here, check_layout, check_ring_attention,
+                                               check_sp_block_bytes)
 
 __all__ = [
     "accumulation_plan", "check_accumulation", "check_accumulation_plan", "check_activation_prediction",
     "check_all_reduce", "check_binding_launch", "check_flops_per_token", "check_recompute", "check_state_bytes",
     "check_binding_prediction", "check_binding_verdicts", "check_bubble", "check_ddp_buckets", "check_deepspeed_config",
-    "check_efficiency", "check_engine_bytes", "check_fsdp_reshard", "check_fusion",
-    "check_horovod_sync", "check_in_sync", "check_layout", "check_parallelism_choice", "check_peak_in_flight",
+    "check_efficiency", "check_engine_bytes", "check_fastest_here", "check_fsdp_reshard", "check_fusion",
+    "check_horovod_sync", "check_in_sync", "check_interleaved_bubble", "check_layout", "check_parallelism_choice",
+    "check_peak_in_flight",
     "check_pipeline",
     "check_pipeline_backward", "check_predicted_efficiency",
     "check_rank_device", "check_ring_attention", "check_ring_prediction", "check_sp_block_bytes",

@@ -252,3 +252,40 @@ def check_peak_in_flight(peak_in_flight) -> bool:
         return _verdict(False, f"{where}: got {got}, want {want}")
     return _verdict(True, "GPipe holds all M micro batches on every stage; 1F1B holds min(M, S - s) on stage s, "
                           "the first stage most")
+
+
+def check_interleaved_bubble(interleaved_bubble) -> bool:
+    """`interleaved_bubble(stages, microbatches, chunks) -> float`: the idle share of a step of interleaved 1F1B
+    with `chunks` model chunks a rank, equal stages and free sends, (S - 1) / (v·M + S - 1).  Narayanan et al.
+    2021 (arXiv:2104.04473, section 2.2.2) give the idle time against the ideal step, (S - 1) / (v·M); as a
+    share of the whole step, idle / (ideal + idle), it is the formula above.  chunks = 1 is GPipe's and 1F1B's."""
+    import math
+
+    if interleaved_bubble is None:
+        return _unfinished("interleaved_bubble")
+    for stages, m, v in ((2, 8, 1), (2, 8, 2), (4, 8, 2), (4, 4, 4), (8, 32, 2)):
+        want = (stages - 1) / (v * m + stages - 1)
+        where = f"{stages} stages, {m} micro batches, {v} chunk{'s' if v > 1 else ''} a rank"
+        got = _attempt("interleaved_bubble", where, lambda: interleaved_bubble(stages, m, v))
+        if got is _FAILED:
+            return False
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            return _verdict(False, f"{where}: return the idle share as a number, got {got!r}")
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        if math.isclose(got, 100 * want, rel_tol=1e-9):
+            return _verdict(False, f"{where}: return a fraction between 0 and 1, not a percentage ({got:g})")
+        if math.isclose(got, (stages - 1) / (v * m), rel_tol=1e-9):
+            return _verdict(False, f"{where}: {got:.1%} is the idle time against the ideal step, (S - 1) / (v·M); "
+                                   "as a share of the whole step divide the idle time by ideal + idle")
+        if math.isclose(got, (stages - 1) / (m + stages - 1), rel_tol=1e-9):
+            return _verdict(False, f"{where}: {got:.1%} is the plain 1F1B bubble: with v chunks a rank each stage "
+                                   "is v times shorter, so filling and draining the pipeline takes 1/v of the time")
+        if math.isclose(got, (stages - 1) / (m + stages - 1) / v, rel_tol=1e-9):
+            return _verdict(False, f"{where}: dividing the whole share by v shrinks the work too; only the idle "
+                                   "time shrinks by v, the ideal step stays the same")
+        return _verdict(False, f"{where}: got {got:.1%}, want (S - 1) / (v·M + S - 1) = {want:.1%}")
+    return _verdict(True, "interleaving v chunks a rank cuts the fill and drain v times: (S - 1) / (v·M + S - 1), "
+                          "1/17 = 5.9% for 2 stages, 8 micro batches and 2 chunks, against 1F1B's 1/9 = 11%")

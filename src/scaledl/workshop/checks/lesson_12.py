@@ -193,3 +193,32 @@ def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nod
                                f"{best['step_s']:.2f} s ({named}): {extra}")
     return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, {row['step_s']:.2f} s a step predicted, within "
                           f"{within:.0%} of the fastest that fits ({best['step_s']:.2f} s: {named})")
+
+
+_KINDS = {"dp": "data parallelism", "tp": "tensor parallelism", "pp": "a pipeline"}
+
+
+def _kind(row: dict) -> str:
+    return "tp" if row["tp"] > 1 else "pp" if row["pp"] > 1 else "dp"
+
+
+def check_fastest_here(fastest_here, rows: list[dict]) -> bool:
+    """`fastest_here` ("dp", "tp" or "pp"): the layout of the 2-rank runs (`scaledl.perf.bench.layouts.compare`'s
+    rows, one of each kind) that measured the fastest step; a wrong one is told what its predicted parts cost."""
+    if fastest_here is None:
+        return _unfinished("fastest_here")
+    if fastest_here not in _KINDS:
+        return _verdict(False, f"`fastest_here` is one of \"dp\", \"tp\", \"pp\", got {fastest_here!r}")
+    by_kind = {_kind(row): row for row in rows}
+    fastest = min(rows, key=lambda row: row["measured_ms"])
+    best = _kind(fastest)
+    if fastest_here == best:
+        return _verdict(True, f"{_KINDS[best]} ran the fastest step here; the cell above shows where the chooser's "
+                              "parts put the other two")
+    mine = by_kind[fastest_here]
+    why = {"dp": f"one all-reduce of the gradients a step, {mine['dp_ms']:.3g} ms predicted",
+           "tp": f"4 all-reduces a block and micro batch, {mine['tp_ms']:.3g} ms predicted, none hidden",
+           "pp": f"a bubble of {mine['bubble']:.0%} and {mine['pp_ms']:.3g} ms of sends predicted"}[fastest_here]
+    return _verdict(False, f"{_KINDS[fastest_here]} measured {mine['measured_ms']:.3g} ms a step, {_KINDS[best]} "
+                           f"{fastest['measured_ms']:.3g} ms: {fastest_here} costs {why}, against the "
+                           f"{fastest['predicted_ms'] - fastest['compute_ms']:.3g} ms {best} adds to its compute")
