@@ -54,7 +54,8 @@ def test_lesson_runs_on_every_gpu(path):
             assert verdict.startswith("PASS: "), (path.name, cell.source, verdict)
     text = text_of(notebook)
     # One rank per GPU where the node has enough; else (a 1-GPU node) 2 ranks on the CPU, as engines.plan says.
-    world_size = 2 if path.stem in ("10_model_parallel", "12_sequences") else engines.default_world_size()
+    two = ("11_pipelines", "12_tensor_parallel", "13_sequences")
+    world_size = 2 if path.stem in two else engines.default_world_size()
     on_gpus = world_size <= GPUS
     if "engines.start" in "".join(cell.source for cell in notebook.cells):
         assert f"{world_size} ranks up" in text

@@ -138,7 +138,7 @@ def test_the_chooser_is_checked_against_the_rungs_here(tmp_path):
         # The prediction is the chooser's own, from the recorded rate and link (both rounded to 4 digits).
         again = choose.evaluate(layouts.SIZES, system, device, 1, layouts.GLOBAL_BATCH_SIZE, row["dp"], row["tp"],
                                 row["pp"], row["zero"], row["recompute"], row["micro_batch_size"], precision="fp32",
-                                mfu=1.0)
+                                mfu=1.0, tp_allreduces_per_block=6)
         assert again["step_s"] * 1e3 == pytest.approx(row["predicted_ms"], rel=2e-3)
         assert row["measured_ms"] > 0 and row["ratio"] == pytest.approx(row["predicted_ms"] / row["measured_ms"],
                                                                         rel=2e-3)

@@ -30,7 +30,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 def test_one_table_lists_every_lesson_in_order():
     rows = table_rows((ROOT / "notebooks" / "README.md").read_text())[1:]
-    assert [row[0] for row in rows] == [str(n) for n in range(13)]
+    assert [row[0] for row in rows] == [str(n) for n in range(15)]
     for row in rows:
         number, link = int(row[0]), re.search(r"\]\(([^)]+)\)", row[1]).group(1)
         opened = (ROOT / "notebooks" / link).resolve()
@@ -41,7 +41,7 @@ def test_one_table_lists_every_lesson_in_order():
         if number:
             assert (ROOT / "solutions" / opened.name).exists()
     assert {p.name for p in SOLUTIONS} == {p.name for p in EXERCISES}
-    assert len(SOLUTIONS) == 12
+    assert len(SOLUTIONS) == 14
     assert "notebooks/README.md" in (ROOT / "README.md").read_text().split("## Notebooks", 1)[1]
 
 
@@ -167,8 +167,8 @@ def test_every_question_has_an_answer_in_the_solution_only(path):
 
 FIGURES = {"01_why_scale": 2, "02_single_device": 1, "03_collectives": 2, "04_horovod_tf": 1, "05_horovod_torch": 1,
            "06_ddp": 2,
-           "07_scaling": 2, "08_deepspeed": 1, "09_zero_fsdp": 1, "10_model_parallel": 3, "11_memory": 2,
-           "12_sequences": 2}
+           "07_scaling": 2, "08_deepspeed": 1, "09_zero_fsdp": 1, "10_memory": 2, "11_pipelines": 3,
+           "12_tensor_parallel": 2, "13_sequences": 2, "14_layouts": 1}
 
 
 @pytest.mark.parametrize("stem, count", FIGURES.items())
@@ -212,7 +212,7 @@ def test_wrong_claims_stay_corrected():
     assert "frees the gathered parameters first and then reduce-scatters the gradients" in sharded
     assert "num_gpus_per_node=gpus," not in sharded and '"num_nodes": nodes' in sharded  # Polaris: 4 GPUs a node
     assert "Your exercise partitioned the parameters at stage 2" not in sharded
-    model_parallel = prose("10_model_parallel")
+    model_parallel = prose("11_pipelines") + prose("12_tensor_parallel")
     assert "Consecutive ranks share a node, so a row is a node's GPUs" not in model_parallel
     assert "A row then lies inside one node when tp divides the ranks per node" in model_parallel
     assert "mesh_figure(dp=2, tp=4, ranks_per_node=4)" in model_parallel
@@ -230,10 +230,10 @@ def test_lessons_import_no_rung_internals():
 # The Polaris recipe each lesson prints, and the rung it is for.
 RECIPES = {"00_setup": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
-           "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_model_parallel": "fsdp_tp",
-           "11_memory": "ddp", "12_sequences": "tensor_parallel"}
+           "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_memory": "ddp", "11_pipelines": "pipeline",
+           "12_tensor_parallel": "fsdp_tp", "13_sequences": "tensor_parallel"}
 # A lesson's live ranks on a Polaris node: a node's 4 GPUs, except where the lesson's split needs exactly 2.
-LIVE_RANKS = {"10_model_parallel": 2, "12_sequences": 2}
+LIVE_RANKS = {"11_pipelines": 2, "12_tensor_parallel": 2, "13_sequences": 2}
 
 
 def recipe_call(source: str) -> tuple[list, dict] | None:

@@ -39,17 +39,18 @@ CASES = {
                               "for group in optimizer.param_groups:\n    group['lr'] *= world_size",
                               "differ from one process's steps"),
     "torch_unnamed": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "allreduce.noname"),
-    "tp_without_all_reduce": ("10_model_parallel", "    tdist.all_reduce(partial)", "    pass", "only its partial sum"),
+    "tp_without_all_reduce": ("12_tensor_parallel", "    tdist.all_reduce(partial)", "    pass",
+                              "only its partial sum"),
     "stage2_one_backward": ("08_deepspeed", '{"all_reduces": accumulation_steps * calls, "bytes"',
                             '{"all_reduces": calls, "bytes"', "every backward reduces"),
     # The hand pipeline's backward.  Its other wrong answers (no requires_grad on the received tensor, a
     # backward without the received gradient) leave a rank waiting out its timeout before the check speaks:
-    # tests/workshop/checks/test_lesson_10.py feeds the check their results instead.
-    "pipeline_sends_activations": ("10_model_parallel", "    tdist.send(activations.grad, dst=0)",
+    # tests/workshop/checks/test_lesson_11.py feeds the check their results instead.
+    "pipeline_sends_activations": ("11_pipelines", "    tdist.send(activations.grad, dst=0)",
                                    "    tdist.send(activations.detach(), dst=0)", "not `activations`"),
     # Ring attention's subtle one: the running sums never rescaled when a block raises the maximum (the other
-    # mistakes, tests/workshop/checks/test_lesson_12.py, from a ring run in one process).
-    "ring_unscaled": ("12_sequences", "rescale = torch.exp(top - new_top)", "rescale = 1.0", "not rescaled"),
+    # mistakes, tests/workshop/checks/test_lesson_13.py, from a ring run in one process).
+    "ring_unscaled": ("13_sequences", "rescale = torch.exp(top - new_top)", "rescale = 1.0", "not rescaled"),
 }
 
 

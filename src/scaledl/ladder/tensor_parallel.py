@@ -59,7 +59,7 @@ def wrap(model, device, mesh, sequence_parallel=False, **options):  # New Code #
 @exits_cleanly
 def main(argv=None) -> int:
     flags = harness.parser(RUNG)  # New Code #: with --backend and --timeout
-    flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting (lesson 10's; or gpt)
+    flags.set_defaults(model="transformer")  # New Code #: the model with layers worth splitting (lesson 12's; or gpt)
     flags.add_argument("--sequence-parallel", action="store_true", help=meshes.SEQUENCE_PARALLEL_HELP)  # New Code #
     config, args = harness.parse(flags, argv)  # New Code #
     job = distributed.find_job()  # New Code #: rank, local_rank, world_size from any launcher (torchrun, mpiexec, srun)

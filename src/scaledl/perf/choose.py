@@ -15,7 +15,7 @@ Memory per rank, mixed precision (bf16 weights and gradients) with Adam, the mos
   stage's blocks (depth/pp of them) with their split layers over tp, and the embeddings or the head;
 - the activations (`scaledl.activations`): a stage's blocks for one micro batch, times the micro
   batches a stage holds (1F1B's first stage: min(m, pp)).  The bytes under autocast and the split
-  over tp are each derived and measured (lessons 11 and 12); together they are an approximation:
+  over tp are each derived and measured (lessons 10 and 13); together they are an approximation:
   the split's fp32 share is applied to bf16's bytes;
 - `headroom` (10% by default) kept free for CUDA's context, the allocator's slack and workspaces.
 
@@ -93,8 +93,10 @@ def activation_bytes(seq_len: int, micro_batch_size: int, width: int, blocks: in
 
 def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int, dp: int,
              tp: int, pp: int, stage: int, recompute: str, micro_batch_size: int, precision: str = "bf16",
-             mfu: float = 0.45, headroom: float = 0.1) -> dict:
-    """One layout's memory per rank and predicted step (see the module docstring)."""
+             mfu: float = 0.45, headroom: float = 0.1, tp_allreduces_per_block: int = 4) -> dict:
+    """One layout's memory per rank and predicted step (see the module docstring).  `tp_allreduces_per_block`:
+    Megatron-LM's 4 (q, k and v fused into one layer); scaledl's tensor-parallel rung makes 6
+    (`predict.tensor_parallel_collectives`)."""
     width, depth, heads, seq_len = sizes["width"], sizes["depth"], sizes["heads"], sizes["seq_len"]
     world = nodes * system.ranks_per_node
     micro_batches = global_batch_size // (dp * micro_batch_size)  # per step, on each pipeline or rank
@@ -113,7 +115,8 @@ def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, gl
     compute_s /= 1 - bubble
     value_bytes = 2 if precision != "fp32" else 4
     activation_message = micro_batch_size * seq_len * width * value_bytes
-    tp_s = micro_batches * depth // pp * 4 * predict.allreduce_s(activation_message, tp, system.intra)
+    tp_s = (micro_batches * depth // pp * tp_allreduces_per_block
+            * predict.allreduce_s(activation_message, tp, system.intra))
     pp_link = system.intra if tp * pp <= system.ranks_per_node else system.inter
     pp_s = 2 * (micro_batches + pp - 1) * (pp_link.alpha_s + activation_message / pp_link.bandwidth_Bps) if pp > 1 \
         else 0.0

@@ -1,171 +1,49 @@
-"""Lesson 12's checks (sequence parallelism's bytes, ring attention): each passes the solution, FAILs on what an
-untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line.
+"""Lesson 12's check (the tensor-parallel MLP): it passes the solution, FAILs on what an untouched exercise
+leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line."""
 
-The ring runs here as the ranks run it, one rank after another in one process: each rank's loop sees the key and
-value blocks in the order the ring brings them (its own first, then rank - 1's, ...).
-"""
-import math
-
-import pytest
 import torch
 
-from conftest import fails, untouched, verdict
-from scaledl import context_parallel
+from conftest import fails, verdict
 from scaledl.workshop import checks
 
 
-def sp_block_bytes(seq_len, batch, width, heads, tp):
-    return 4 * seq_len * batch * (2 * width + (14 * width + 4 + heads) / tp)
+# ---------------------------------------------------------------- tensor parallelism
+
+def tensor_parallel_answers(world_size=2, all_reduce=True, bias_once=True):
+    """What each rank computes by hand: its slices of the MLP, its partial product, the sum."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    share = 64 // world_size
+    with torch.no_grad():
+        w1s = [mlp[0].weight[r * share:(r + 1) * share] for r in range(world_size)]
+        b1s = [mlp[0].bias[r * share:(r + 1) * share] for r in range(world_size)]
+        w2s = [mlp[2].weight[:, r * share:(r + 1) * share] for r in range(world_size)]
+        partials = [F.linear(F.gelu(F.linear(x, w1, b1)), w2) + (0 if bias_once else mlp[2].bias)
+                    for w1, b1, w2 in zip(w1s, b1s, w2s)]
+        summed = sum(partials) if all_reduce else None
+        ys = [summed + (mlp[2].bias if bias_once else 0) if all_reduce else p + mlp[2].bias for p in partials]
+    return ys, w1s, w2s, mlp, x
 
 
-def test_sp_block_bytes(capsys):
-    assert checks.check_sp_block_bytes(sp_block_bytes)
-    assert "norm regions cut by tokens" in verdict(capsys)
-    assert checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (2 * h + 14 * h / t))  # small terms left out
+def test_tensor_parallel_mlp_check(capsys):
+    assert checks.check_tensor_parallel_mlp(*tensor_parallel_answers())
+    assert "PASS: each of the 2 ranks" in verdict(capsys)
+    assert checks.check_tensor_parallel_mlp(*tensor_parallel_answers(world_size=4))
     verdict(capsys)
-    fails(capsys, checks.check_sp_block_bytes(None), "not set")
-    fails(capsys, checks.check_sp_block_bytes(untouched), "NotImplementedError")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (4 * h + 4 + (12 * h + a) / t)),
-          "tensor parallelism alone")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (16 * h + 4 + a) / t), "Megatron-LM")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (16 * h + 4 + a)), "whole block")
-    fails(capsys, checks.check_sp_block_bytes(lambda *size: sp_block_bytes(*size) / 4), "4 bytes a value")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: s * b * h), "walk the block")
-    fails(capsys, checks.check_sp_block_bytes(lambda *size: "lots"), "return a number of bytes")
-
-
-def blocks(world_size, tokens=8, seed=0):
-    """Each rank's q, k, v: (batch, heads, tokens, head_dim), scaled so that the blocks' maxima differ."""
-    generator = torch.Generator().manual_seed(seed)
-    return [[3 * torch.randn(2, 2, tokens, 4, generator=generator) for _ in range(world_size)] for _ in range(3)]
-
-
-def ring(qs, ks, vs, causal, combine="online", offset="right", rescale=True):
-    """The exercise's loop on every rank; `combine`, `offset` and `rescale` make the mistakes."""
-    world_size, n = len(qs), qs[0].shape[-2]
-    outputs = []
-    for rank in range(world_size):
-        q = qs[rank]
-        out, total, top = torch.zeros_like(q), torch.zeros(*q.shape[:-1], 1), torch.full((*q.shape[:-1], 1), -math.inf)
-        parts = []
-        for step in range(world_size):
-            source = (rank - step) % world_size
-            k, v = ks[source], vs[source]
-            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-            if causal:
-                later, diagonal = source > rank, source == rank
-                if offset == "triangle everywhere":
-                    later, diagonal = False, True
-                elif offset == "triangle on earlier" and source < rank:
-                    diagonal = True
-                if later:
-                    continue
-                if diagonal:
-                    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
-            if combine == "own" and source != rank:
-                continue
-            if combine in ("summed", "averaged"):
-                parts.append(torch.softmax(scores, -1) @ v)
-                continue
-            new_top = torch.maximum(top, scores.amax(-1, keepdim=True))
-            weights = torch.exp(scores - new_top)
-            correction = torch.exp(top - new_top) if rescale else torch.ones_like(top)
-            out = out * correction + weights @ v
-            total = total * correction + weights.sum(-1, keepdim=True)
-            top = new_top
-        if combine in ("summed", "averaged"):
-            out, total = sum(parts), len(parts) if combine == "averaged" else 1
-        outputs.append(out / total)
-    return outputs
-
-
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("causal", [False, True])
-def test_ring_attention(capsys, world_size, causal):
-    qs, ks, vs = blocks(world_size)
-    assert checks.check_ring_attention(ring(qs, ks, vs, causal), qs, ks, vs, causal)
-    assert "equals full attention" in verdict(capsys)
-    fails(capsys, checks.check_ring_attention(None, qs, ks, vs, causal), "not set on every rank")
-    fails(capsys, checks.check_ring_attention([None] * world_size, qs, ks, vs, causal), "not set on every rank")
-    fails(capsys, checks.check_ring_attention(ring(qs, ks, vs, causal, combine="summed"), qs, ks, vs, causal),
-          "normalized on its own")
-    fails(capsys, checks.check_ring_attention(ring(qs, ks, vs, causal, combine="averaged"), qs, ks, vs, causal),
-          "averaged")
-    fails(capsys, checks.check_ring_attention(ring(qs, ks, vs, causal, rescale=False), qs, ks, vs, causal),
-          "not rescaled")
-    fails(capsys, checks.check_ring_attention(ring(qs, ks, vs, causal, combine="own"), qs, ks, vs, causal),
-          "travel around the ring")
-    fails(capsys, checks.check_ring_attention([o[..., :-1, :] for o in ring(qs, ks, vs, causal)], qs, ks, vs, causal),
-          "one output row per query")
-    noisy = [o + 1e-3 for o in ring(qs, ks, vs, causal)]
-    fails(capsys, checks.check_ring_attention(noisy, qs, ks, vs, causal), "differs from full attention")
-    if causal:
-        fails(capsys, checks.check_ring_attention(ring(qs, ks, vs, causal, offset="triangle everywhere"), qs, ks, vs,
-                                                  causal), "ignores where a block sits")
-        fails(capsys, checks.check_ring_attention(ring(qs, ks, vs, causal, offset="triangle on earlier"), qs, ks, vs,
-                                                  causal), "earlier rank's block is masked")
-
-
-def test_the_ring_schedule_and_its_arithmetic():
-    steps = context_parallel.ring_schedule(4, causal=True)
-    assert [source for source, _ in steps[1]] == [3, 0, 1, 2]  # each block moved one rank on
-    assert [use for _, use in steps[0]] == ["diagonal"] * 4
-    assert sum(use == "full" for row in steps for _, use in row) == 6  # the 4 x 3 / 2 pairs of earlier blocks
-    assert all(use == "full" for row in context_parallel.ring_schedule(3, causal=False) for _, use in row)
-    n, batch, width = 1024, 2, 512
-    # At n = tokens_to_hide the step's compute at the peak takes as long as its send.
-    peak, bandwidth = 312e12, 100e9
-    hide = context_parallel.tokens_to_hide(peak, bandwidth)
-    assert context_parallel.ring_step_flops(hide, batch, width) / peak == pytest.approx(
-        context_parallel.ring_step_bytes(hide, batch, width) / bandwidth)
-    assert context_parallel.ring_step_bytes(n, batch, width) == 2 * n * batch * width * 2
-
-
-def layout(**changes):
-    return {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch_size": 1, **changes}
-
-
-def test_layout(capsys):
-    assert checks.check_layout(layout())
-    assert "within 5% of the fastest that fits" in verdict(capsys)
-    assert checks.check_layout(layout(dp=8, pp=2, zero=0))  # the predictor's fastest
-    verdict(capsys)
-    fails(capsys, checks.check_layout(None), "not set")
-    fails(capsys, checks.check_layout({"dp": 16}), "must be a dict with the keys")
-    fails(capsys, checks.check_layout(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
-    fails(capsys, checks.check_layout(layout(recompute="full")), "adds a third to the compute")
-    fails(capsys, checks.check_layout(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
-    fails(capsys, checks.check_layout(layout(dp=2, tp=8)), "stays inside a node")
-    fails(capsys, checks.check_layout(layout(dp=8, pp=2, zero=3)), "refuses ZeRO-2 and ZeRO-3")
-    fails(capsys, checks.check_layout(layout(dp=8)), "must use the 16 ranks")
-    fails(capsys, checks.check_layout(layout(dp=1, tp=4, pp=4, zero=1)), "nothing to partition")
-    fails(capsys, checks.check_layout(layout(dp=16, pp=1, tp=1, micro_batch_size=3)), "equal parts")
-    fails(capsys, checks.check_layout(layout(dp=16 // 3 * 3, tp=1, pp=1)), "must use the 16 ranks")
-    fails(capsys, checks.check_layout(layout(recompute="selective")), "recompute is one of")
-    fails(capsys, checks.check_layout(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1")), "whole numbers")
-
-
-# ---------------------------------------------------------------- the fastest layout here
-def layout_rows(dp_ms=18.6, tp_ms=76.5, pp_ms=49.1):
-    """Rows shaped as scaledl.perf.bench.layouts.compare returns them (the numbers from a run here)."""
-    return [{"dp": 2, "tp": 1, "pp": 1, "measured_ms": dp_ms, "predicted_ms": 17.0, "compute_ms": 14.9, "tp_ms": 0.0,
-             "pp_ms": 0.0, "dp_ms": 2.2, "bubble": 0.0},
-            {"dp": 1, "tp": 1, "pp": 2, "measured_ms": pp_ms, "predicted_ms": 26.9, "compute_ms": 18.6, "tp_ms": 0.0,
-             "pp_ms": 8.3, "dp_ms": 0.0, "bubble": 0.2},
-            {"dp": 1, "tp": 2, "pp": 1, "measured_ms": tp_ms, "predicted_ms": 42.9, "compute_ms": 14.9, "tp_ms": 28.0,
-             "pp_ms": 0.0, "dp_ms": 0.0, "bubble": 0.0}]
-
-
-def test_fastest_here_check(capsys):
-    assert checks.check_fastest_here("dp", layout_rows())
-    assert "data parallelism ran the fastest step" in verdict(capsys)
-    fails(capsys, checks.check_fastest_here(None, layout_rows()), "`fastest_here` is not set")
-    fails(capsys, checks.check_fastest_here("tp", layout_rows()), "tensor parallelism measured 76.5 ms",
-          "4 all-reduces a block", "28 ms predicted", "the 2.1 ms dp adds")
-    fails(capsys, checks.check_fastest_here("pp", layout_rows()), "a bubble of 20%", "8.3 ms of sends")
-    fails(capsys, checks.check_fastest_here("zero", layout_rows()), "one of \"dp\", \"tp\", \"pp\"")
-    # The measurement decides, not the prediction: where the pipeline ran fastest, it is the answer.
-    assert checks.check_fastest_here("pp", layout_rows(dp_ms=60.0))
-    verdict(capsys)
-    fails(capsys, checks.check_fastest_here("dp", layout_rows(dp_ms=60.0)), "data parallelism measured 60 ms",
-          "one all-reduce of the gradients")
+    # The idea of the exercise: without the all-reduce each rank keeps a partial sum.
+    fails(capsys, checks.check_tensor_parallel_mlp(*tensor_parallel_answers(all_reduce=False)),
+          "only its partial sum", "all-reduce")
+    fails(capsys, checks.check_tensor_parallel_mlp(*tensor_parallel_answers(bias_once=False)),
+          "bias is in the sum 2 times")
+    ys, w1s, w2s, mlp, x = tensor_parallel_answers()
+    # The whole MLP on every rank: the right output, but nothing split.
+    fails(capsys, checks.check_tensor_parallel_mlp([mlp(x).detach()] * 2, [mlp[0].weight] * 2, w2s, mlp, x),
+          "rank 0 has `w1` of shape (64, 16)", "rows 0-31")
+    # The second layer split by its output features (rows), as the first: the wrong dimension.
+    fails(capsys, checks.check_tensor_parallel_mlp(ys, w1s, [mlp[2].weight[:8], mlp[2].weight[8:]], mlp, x),
+          "columns 0-31 of the second layer's weight")
+    fails(capsys, checks.check_tensor_parallel_mlp([None, None], [None, None], [None, None], mlp, x), "has no `y`")

@@ -8,7 +8,8 @@ it is told about.  Here the machine is this one, measured before any layout runs
   tokens/s times the model's flops per token (`models.gpt_flops_per_token`);
 - the link: the all-reduce fitted inside a training step on N ranks (`prediction.fit_links`, the same fit
   `scaledl bench predict` reads), for tensor parallelism's all-reduces, the pipeline's sends and the data-
-  parallel reduction alike.
+  parallel reduction alike;
+- tensor parallelism's all-reduces a block: the rung's 6, not Megatron-LM's 4.
 Then every layout below is predicted by `choose.evaluate` (fp32, the rungs' precision here) and run by its rung:
 dp with ZeRO 0 (the ddp rung) or 1-3 (the deepspeed rung), tp (tensor_parallel), pp under 1F1B (pipeline).
 The rungs cover one kind of parallelism at a time on N ranks, so the layouts mixing two are not run.
@@ -37,6 +38,9 @@ SIZES = {"width": 64, "depth": 4, "heads": 2, "seq_len": 64}
 GLOBAL_BATCH_SIZE = 16  # sequences a step, in every layout
 STEPS, LOG_INTERVAL = 22, 2  # the rung's summary: the median of the 10 log intervals after the first
 RHO_TARGET = 0.8
+# The tensor-parallel rung's all-reduces a block (q, k and v unfused: predict.tensor_parallel_collectives, counted
+# in real steps by tests/perf/test_predict.py), where the Polaris ranking takes Megatron-LM's 4.
+TP_ALLREDUCES_PER_BLOCK = 6
 
 
 def layouts(ranks: int, quick: bool) -> list[dict]:
@@ -135,6 +139,7 @@ def compare(chosen: list[dict], ranks: int, folder: Path, options: Options | Non
         if refused:  # a rank count the model's heads or blocks do not divide
             continue
         predicted = choose.evaluate(SIZES, system, device, 1, GLOBAL_BATCH_SIZE, precision="fp32", mfu=1.0,
+                                    tp_allreduces_per_block=TP_ALLREDUCES_PER_BLOCK,
                                     **{k: layout[k] for k in ("dp", "tp", "pp", "recompute", "micro_batch_size")},
                                     stage=layout["zero"])
         rung, args = rung_command(layout, folder / f"layout{index}")
@@ -196,8 +201,12 @@ def run(options: Options) -> dict:
 
 
 def plot(data: dict, fig) -> None:
-    ax = fig.subplots()
-    rows = data["rows"]
+    draw(fig.subplots(), data["rows"], data["ranks"])
+
+
+def draw(ax, rows: list[dict], ranks: int) -> None:
+    """Predicted against measured step, one point a layout; the title gives the rank correlation and what the
+    chooser's first pick cost."""
     values = [row["measured_ms"] for row in rows] + [row["predicted_ms"] for row in rows]
     grid = np.geomspace(min(values) * 0.7, max(values) * 1.4, 10)
     ax.plot(grid, grid, color="gray", lw=0.8, label="predicted = measured")
@@ -205,7 +214,19 @@ def plot(data: dict, fig) -> None:
         ax.plot(row["measured_ms"], row["predicted_ms"], "o", color="tab:blue")
         ax.annotate(row["layout"], (row["measured_ms"], row["predicted_ms"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
+    rho = spearman([row["predicted_ms"] for row in rows], [row["measured_ms"] for row in rows])
+    pick = min(rows, key=lambda row: row["predicted_ms"])
+    cost = pick["measured_ms"] / min(row["measured_ms"] for row in rows) - 1
     ax.set(xscale="log", yscale="log", xlabel="measured ms per step", ylabel="predicted ms per step",
-           title=f"{data['ranks']} ranks: Spearman {data['rho']:.2f}; the first pick ran "
-                 f"{data['pick_cost']:.0%} slower than the fastest")
+           title=f"{ranks} ranks: Spearman {rho:.2f}; the first pick ran {cost:.0%} slower than the fastest")
     ax.legend(fontsize=8, loc="upper left")
+
+
+def figure(rows: list[dict], ranks: int):
+    """`compare`'s rows as a figure (a notebook shows it with scaledl.workshop.plots.image)."""
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's backend and figures alone
+
+    fig = Figure(figsize=(8, 4))
+    draw(fig.subplots(), rows, ranks)
+    fig.tight_layout()
+    return fig

@@ -21,12 +21,13 @@ from scaledl.workshop.checks.lesson_07 import check_efficiency, check_predicted_
 from scaledl.workshop.checks.lesson_08 import (accumulation_plan, check_accumulation_plan, check_deepspeed_config,
                                                check_stage2_window, check_window_prediction, deepspeed_batch)
 from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_reshard, check_zero_formula
-from scaledl.workshop.checks.lesson_10 import (check_bubble, check_interleaved_bubble, check_peak_in_flight,
-                                               check_pipeline, check_pipeline_backward, check_tensor_parallel_mlp)
-from scaledl.workshop.checks.lesson_11 import (check_activation_prediction, check_flops_per_token, check_recompute,
+from scaledl.workshop.checks.lesson_10 import (check_activation_prediction, check_flops_per_token, check_recompute,
                                                check_state_bytes)
-from scaledl.workshop.checks.lesson_12 import (check_fastest_here, check_layout, check_ring_attention,
-                                               check_sp_block_bytes)
+from scaledl.workshop.checks.lesson_11 import (check_bubble, check_interleaved_bubble, check_peak_in_flight,
+                                               check_pipeline, check_pipeline_backward)
+from scaledl.workshop.checks.lesson_12 import check_tensor_parallel_mlp
+from scaledl.workshop.checks.lesson_13 import check_ring_attention, check_sp_block_bytes
+from scaledl.workshop.checks.lesson_14 import check_fastest_here, check_layout
 
 __all__ = [
     "accumulation_plan", "check_accumulation", "check_accumulation_plan", "check_activation_prediction",

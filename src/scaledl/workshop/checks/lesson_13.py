@@ -1,0 +1,152 @@
+"""Lesson 13's checks: what sequence parallelism leaves on a rank, and ring attention on live ranks."""
+from __future__ import annotations
+
+from scaledl import activations
+from scaledl.workshop.checks.common import _FAILED, _number, _unfinished, _verdict
+
+# seq_len, batch, width, heads, tp: sizes the prediction must hold for (each divides as the rung requires)
+SP_CASES = [(32, 8, 64, 4, 2), (1024, 4, 768, 12, 4), (2048, 1, 4096, 32, 8), (96, 3, 96, 6, 3)]
+
+
+def check_sp_block_bytes(sp_block_bytes) -> bool:
+    """`sp_block_bytes(seq_len, batch, width, heads, tp)`: the fp32 bytes one block leaves for its
+    backward on one of tp ranks under sequence parallelism, as DTensor's plan keeps them
+    (scaledl.activations): 4 * s*b * (2h + (14h + 4 + a)/tp)."""
+    if sp_block_bytes is None:
+        return _unfinished("sp_block_bytes")
+    for seq_len, batch, width, heads, tp in SP_CASES:
+        case = f"seq_len={seq_len}, batch={batch}, width={width}, heads={heads}, tp={tp}"
+        found = _number("sp_block_bytes", case, lambda: sp_block_bytes(seq_len, batch, width, heads, tp))
+        if found is _FAILED:
+            return False
+        expected = activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=True)
+        if abs(found - expected) <= 0.02 * expected:  # the small terms (statistics, log-sum-exp) may go
+            continue
+        wrong = {
+            activations.block_bytes(seq_len, batch, width, heads, tp=tp):
+                "that is tensor parallelism alone: sequence parallelism also cuts the block's input, the sum after "
+                "attention and the norms' statistics by tokens (2h + 4 values a token, over tp)",
+            activations.block_bytes(seq_len, batch, width, heads) / tp:
+                "that is every tensor over tp, Megatron-LM's count, which all-gathers the norms' outputs again in "
+                "backward; DTensor's column-wise layers keep the gathered, whole-sequence copies (2h a token)",
+            activations.block_bytes(seq_len, batch, width, heads):
+                "that is the whole block on one rank: split q, k, v, attention's output and the MLP's tensors over "
+                "the tp ranks",
+            activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=True) / 4:
+                "that counts values: fp32 takes 4 bytes a value",
+        }
+        hint = next((why for value, why in wrong.items() if abs(found - value) <= 0.02 * value),
+                    "walk the block: what is whole on each rank, what is split by heads, what by tokens")
+        return _verdict(False, f"{case}: got {found:.0f}, expected {expected:.0f} bytes: {hint}")
+    return _verdict(True, "sequence parallelism's bytes per rank (within 2%): the norm regions cut by tokens, the "
+                          "gathered inputs of the column-wise layers whole, the rest cut by heads")
+
+
+def _attention(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(d)) v, float64, `mask` True where a key may be used."""
+    import torch
+
+    scores = q.double() @ k.double().transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v.double()
+
+
+def _wrong_answers(qs, ks, vs, causal: bool) -> dict[str, list]:
+    """Each plausible mistake's outputs, per rank, from the ranks' blocks (float64)."""
+    import torch
+
+    p, n = len(qs), qs[0].shape[-2]
+
+    def visible(rank, source, skip_later=True, full_earlier=True):
+        """The mask of rank's queries on source's keys (None: all), or False (the block is not used)."""
+        if not causal:
+            return None
+        diagonal = torch.ones(n, n, dtype=torch.bool).tril()
+        if source > rank:
+            return False if skip_later else diagonal
+        return None if source < rank and full_earlier else diagonal
+
+    def ring_order(rank, **mistakes):
+        """The blocks rank uses, in the order the ring brings them (its own first), with their masks."""
+        for step in range(p):
+            source = (rank - step) % p
+            mask = visible(rank, source, **mistakes)
+            if mask is not False:
+                yield source, mask
+
+    def attention_over(rank, used):
+        keys, values = torch.cat([ks[s] for s, _ in used], -2), torch.cat([vs[s] for s, _ in used], -2)
+        masks = [torch.ones(n, n, dtype=torch.bool) if m is None else m for _, m in used]
+        return _attention(qs[rank], keys, values, torch.cat(masks, -1))
+
+    found = {"summed": [], "averaged": [], "unscaled": [], "offset": [], "offset_earlier": [], "own": []}
+    for rank in range(p):
+        used = list(ring_order(rank))
+        found["summed"].append(sum(_attention(qs[rank], ks[s], vs[s], m) for s, m in used))
+        found["averaged"].append(found["summed"][-1] / len(used))
+        # The running maximum kept, but the sums so far never rescaled when it grows.
+        out = total = top = None
+        for source, mask in used:
+            block = qs[rank].double() @ ks[source].double().transpose(-2, -1) * qs[rank].shape[-1] ** -0.5
+            block = block if mask is None else block.masked_fill(~mask, float("-inf"))
+            top = block.amax(-1, keepdim=True) if top is None else torch.maximum(top, block.amax(-1, keepdim=True))
+            weights = torch.exp(block - top)
+            out = weights @ vs[source].double() if out is None else out + weights @ vs[source].double()
+            total = weights.sum(-1, keepdim=True) if total is None else total + weights.sum(-1, keepdim=True)
+        found["unscaled"].append(out / total)
+        # Causal masks that ignore the block's place: the triangle on every block, later ones kept; or on earlier ones.
+        found["offset"].append(attention_over(rank, list(ring_order(rank, skip_later=False, full_earlier=False))))
+        found["offset_earlier"].append(attention_over(rank, list(ring_order(rank, full_earlier=False))))
+        found["own"].append(attention_over(rank, [(rank, visible(rank, rank))]))
+    return found
+
+
+WRONG = {
+    "summed": "each block's softmax is normalized on its own and the outputs added up: a softmax over all the keys "
+              "divides by one sum over all of them; keep the unnormalized sums (exp(score - max) @ v and its row "
+              "sum) across the blocks and divide once at the end",
+    "averaged": "the blocks' normalized outputs are averaged: that weighs every block the same, whatever its "
+                "scores; keep the unnormalized sums across the blocks and divide by the total once at the end",
+    "unscaled": "when a block raises the running maximum, the sums so far are not rescaled: multiply the running "
+                "output and the running total by exp(old max - new max) before adding the block's",
+    "offset": "the causal mask ignores where a block sits in the sequence: a block from an earlier rank is all "
+              "visible, a later rank's block not at all; only the own block needs the triangle",
+    "offset_earlier": "an earlier rank's block is masked with the triangle: all of its tokens come before this "
+                      "rank's queries, so every key in it is visible; only the own block needs the triangle",
+    "own": "only the rank's own keys were used: the key and value blocks must travel around the ring (world_size "
+           "- 1 passes) so every query meets every key",
+}
+
+
+def check_ring_attention(outputs, qs, ks, vs, causal: bool, tolerance: float = 1e-5) -> bool:
+    """Each rank's `outputs[r]`, its queries' attention over the whole sequence, computed by passing the
+    key/value blocks around the ring, must equal full attention of the concatenated blocks (with a
+    causal mask over the whole sequence when `causal`).  `qs`, `ks`, `vs` are the ranks' blocks
+    (batch, heads, tokens, head_dim), in rank order, on the CPU."""
+    import torch
+
+    name = "causal_out" if causal else "out"
+    if outputs is None or any(o is None for o in outputs):
+        return _verdict(False, f"`{name}` is not set on every rank: finish the exercise cell and run it")
+    p, n = len(qs), qs[0].shape[-2]
+    q, k, v = (torch.cat(blocks, -2) for blocks in (qs, ks, vs))
+    mask = torch.ones(p * n, p * n, dtype=torch.bool).tril() if causal else None
+    expected = _attention(q, k, v, mask)
+    for rank, out in enumerate(outputs):
+        if tuple(out.shape) != tuple(qs[rank].shape):
+            return _verdict(False, f"rank {rank}'s `{name}` has shape {tuple(out.shape)}: it must match its "
+                                   f"queries, {tuple(qs[rank].shape)} (one output row per query)")
+    errors = [(out.double() - expected[..., r * n:(r + 1) * n, :]).abs().max().item() for r, out in enumerate(outputs)]
+    mode = "causal" if causal else "without a mask"
+    if max(errors) <= tolerance:
+        return _verdict(True, f"ring attention {mode} on {p} ranks equals full attention (max error "
+                              f"{max(errors):.1e}): every query met every key it may see, with one softmax")
+    for mistake, wrong in _wrong_answers(qs, ks, vs, causal).items():
+        if all((out.double() - w).abs().max().item() <= tolerance for out, w in zip(outputs, wrong)):
+            if mistake.startswith("offset") and not causal:
+                continue
+            return _verdict(False, f"{mode}: {WRONG[mistake]}")
+    worst = errors.index(max(errors))
+    return _verdict(False, f"{mode}: rank {worst}'s output differs from full attention by up to {max(errors):.2g}: "
+                           "compare each step's block with the running maximum, total and output")

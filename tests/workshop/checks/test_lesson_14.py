@@ -1,0 +1,55 @@
+"""Lesson 14's checks (the capstone's layout, the fastest layout measured here): each passes the right
+answer and names the fault of a wrong one."""
+
+from conftest import fails, verdict
+from scaledl.workshop import checks
+
+
+def layout(**changes):
+    return {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch_size": 1, **changes}
+
+
+def test_layout(capsys):
+    assert checks.check_layout(layout())
+    assert "within 5% of the fastest that fits" in verdict(capsys)
+    assert checks.check_layout(layout(dp=8, pp=2, zero=0))  # the predictor's fastest
+    verdict(capsys)
+    fails(capsys, checks.check_layout(None), "not set")
+    fails(capsys, checks.check_layout({"dp": 16}), "must be a dict with the keys")
+    fails(capsys, checks.check_layout(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
+    fails(capsys, checks.check_layout(layout(recompute="full")), "adds a third to the compute")
+    fails(capsys, checks.check_layout(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
+    fails(capsys, checks.check_layout(layout(dp=2, tp=8)), "stays inside a node")
+    fails(capsys, checks.check_layout(layout(dp=8, pp=2, zero=3)), "refuses ZeRO-2 and ZeRO-3")
+    fails(capsys, checks.check_layout(layout(dp=8)), "must use the 16 ranks")
+    fails(capsys, checks.check_layout(layout(dp=1, tp=4, pp=4, zero=1)), "nothing to partition")
+    fails(capsys, checks.check_layout(layout(dp=16, pp=1, tp=1, micro_batch_size=3)), "equal parts")
+    fails(capsys, checks.check_layout(layout(dp=16 // 3 * 3, tp=1, pp=1)), "must use the 16 ranks")
+    fails(capsys, checks.check_layout(layout(recompute="selective")), "recompute is one of")
+    fails(capsys, checks.check_layout(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1")), "whole numbers")
+
+
+# ---------------------------------------------------------------- the fastest layout here
+def layout_rows(dp_ms=18.6, tp_ms=76.5, pp_ms=49.1):
+    """Rows shaped as scaledl.perf.bench.layouts.compare returns them (the numbers from a run here)."""
+    return [{"dp": 2, "tp": 1, "pp": 1, "measured_ms": dp_ms, "predicted_ms": 17.0, "compute_ms": 14.9, "tp_ms": 0.0,
+             "pp_ms": 0.0, "dp_ms": 2.2, "bubble": 0.0},
+            {"dp": 1, "tp": 1, "pp": 2, "measured_ms": pp_ms, "predicted_ms": 26.9, "compute_ms": 18.6, "tp_ms": 0.0,
+             "pp_ms": 8.3, "dp_ms": 0.0, "bubble": 0.2},
+            {"dp": 1, "tp": 2, "pp": 1, "measured_ms": tp_ms, "predicted_ms": 42.9, "compute_ms": 14.9, "tp_ms": 28.0,
+             "pp_ms": 0.0, "dp_ms": 0.0, "bubble": 0.0}]
+
+
+def test_fastest_here_check(capsys):
+    assert checks.check_fastest_here("dp", layout_rows())
+    assert "data parallelism ran the fastest step" in verdict(capsys)
+    fails(capsys, checks.check_fastest_here(None, layout_rows()), "`fastest_here` is not set")
+    fails(capsys, checks.check_fastest_here("tp", layout_rows()), "tensor parallelism measured 76.5 ms",
+          "4 all-reduces a block", "28 ms predicted", "the 2.1 ms dp adds")
+    fails(capsys, checks.check_fastest_here("pp", layout_rows()), "a bubble of 20%", "8.3 ms of sends")
+    fails(capsys, checks.check_fastest_here("zero", layout_rows()), "one of \"dp\", \"tp\", \"pp\"")
+    # The measurement decides, not the prediction: where the pipeline ran fastest, it is the answer.
+    assert checks.check_fastest_here("pp", layout_rows(dp_ms=60.0))
+    verdict(capsys)
+    fails(capsys, checks.check_fastest_here("dp", layout_rows(dp_ms=60.0)), "data parallelism measured 60 ms",
+          "one all-reduce of the gradients")
