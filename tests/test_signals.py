@@ -216,7 +216,10 @@ def catches(pid: int, signum: int) -> bool:
 # The rung, started as `python -m` starts it (argv[0] is "-m" while its package imports), with a
 # gate in front of the import system: the first import of torch leaves a mark and waits there.  The
 # test looks at the rank at that one moment, which no polling of a process that imports torch in a
-# fraction of a second can be sure to catch.
+# fraction of a second can be sure to catch.  The gate waits in short sleeps, not one: numpy's import has
+# started a second thread (OpenBLAS's), and the kernel may hand a process's signal to that thread;
+# Python then runs the handler in the main thread at its next bytecode, which one long sleep would
+# put off for its whole length (a real import runs bytecode all along).
 GATED_RUNG = """
 import importlib.abc, pathlib, runpy, sys, time
 MARK = pathlib.Path(sys.argv[1])
@@ -224,7 +227,9 @@ class Gate(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "torch":
             MARK.touch()
-            time.sleep(60)
+            until = time.monotonic() + 60
+            while time.monotonic() < until:  # runs Python between short sleeps, as an import does
+                time.sleep(0.01)
         return None
 sys.meta_path.insert(0, Gate())
 sys.argv = ["-m", "--epochs", "1", "--out-dir", str(MARK.parent / "run")]

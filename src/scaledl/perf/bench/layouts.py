@@ -47,11 +47,12 @@ def layouts(ranks: int, quick: bool) -> list[dict]:
     """(dp, tp, pp, zero, recompute, micro_batch_size) the rungs run on `ranks` ranks, one kind of parallelism
     at a time."""
     n, g = ranks, GLOBAL_BATCH_SIZE
-    rows = [(n, 1, 1, 0, "none", g // n), (n, 1, 1, 0, "full", g // n), (n, 1, 1, 2, "none", g // n),
-            (1, n, 1, 0, "none", g), (1, 1, n, 0, "none", g // 4), (1, 1, n, 0, "none", g // 8)]
+    rows = [(n, 1, 1, 0, "none", g // n), (n, 1, 1, 2, "none", g // n), (1, n, 1, 0, "none", g),
+            (1, 1, n, 0, "none", g // 4)]  # with --quick: one layout a rung
     if not quick:
-        rows += [(n, 1, 1, 0, "none", g // (2 * n)), (n, 1, 1, 1, "none", g // n), (n, 1, 1, 3, "none", g // n),
-                 (1, n, 1, 0, "full", g), (1, n, 1, 0, "none", g // 2), (1, 1, n, 0, "full", g // 4)]
+        rows += [(n, 1, 1, 0, "full", g // n), (1, 1, n, 0, "none", g // 8), (n, 1, 1, 0, "none", g // (2 * n)),
+                 (n, 1, 1, 1, "none", g // n), (n, 1, 1, 3, "none", g // n), (1, n, 1, 0, "full", g),
+                 (1, n, 1, 0, "none", g // 2), (1, 1, n, 0, "full", g // 4)]
     keys = ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")
     return [dict(zip(keys, row)) for row in rows]
 
