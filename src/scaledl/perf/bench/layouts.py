@@ -63,12 +63,16 @@ def label(layout: dict) -> str:
             f"b{layout['micro_batch_size']}{recompute}")
 
 
+def _language_model_run(out_dir: Path) -> list[str]:
+    """The flags every run here shares: the model at SIZES, STEPS steps, logged every LOG_INTERVAL."""
+    return ["--model", "gpt", *(f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()), "--max-steps", str(STEPS),
+            "--log-interval", str(LOG_INTERVAL), "--out-dir", str(out_dir), "--overwrite"]
+
+
 def rung_command(layout: dict, out_dir: Path) -> tuple[str, list[str]]:
     """The rung and its flags that run `layout` at the global batch."""
     dp, tp, pp, mbs = layout["dp"], layout["tp"], layout["pp"], layout["micro_batch_size"]
-    args = ["--model", "gpt", *(f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()),
-            "--max-steps", str(STEPS), "--log-interval", str(LOG_INTERVAL), "--recompute", layout["recompute"],
-            "--out-dir", str(out_dir), "--overwrite"]
+    args = [*_language_model_run(out_dir), "--recompute", layout["recompute"]]
     if pp > 1:  # the pipeline's batch is split into its micro batches
         return "pipeline", [*args, "--schedule", "1f1b", "--batch-size", str(GLOBAL_BATCH_SIZE),
                             "--microbatches", str(GLOBAL_BATCH_SIZE // mbs)]
@@ -94,10 +98,8 @@ def device_rate(ranks: int, out_dir: Path) -> tuple[float, str]:
     started = []
     for copy in range(ranks):
         folder = out_dir / f"rate{copy}"
-        command = launchers.python_module("scaledl.ladder.single_torch", [
-            "--model", "gpt", *(f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()), "--max-steps",
-            str(STEPS), "--log-interval", str(LOG_INTERVAL), "--batch-size", str(mbs), "--out-dir", str(folder),
-            "--overwrite"])
+        command = launchers.python_module("scaledl.ladder.single_torch",
+                                          [*_language_model_run(folder), "--batch-size", str(mbs)])
         log = open(out_dir / f"rate{copy}.log", "w")
         started.append((folder, log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)))
     tokens = []
@@ -116,6 +118,15 @@ def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (no ties expected among measured times)."""
     rank_a, rank_b = (np.argsort(np.argsort(values)).astype(float) for values in (a, b))
     return float(np.corrcoef(rank_a, rank_b)[0, 1])
+
+
+def agreement(rows: list[dict]) -> tuple[float, dict, dict, float]:
+    """How the chooser's order agrees with the runs': Spearman's correlation, its first pick, the fastest layout
+    measured, and how much slower than that one the pick ran."""
+    rho = spearman([row["predicted_ms"] for row in rows], [row["measured_ms"] for row in rows])
+    pick = min(rows, key=lambda row: row["predicted_ms"])
+    fastest = min(rows, key=lambda row: row["measured_ms"])
+    return rho, pick, fastest, pick["measured_ms"] / fastest["measured_ms"] - 1
 
 
 def compare(chosen: list[dict], ranks: int, folder: Path, options: Options | None = None) -> tuple[list[dict], dict]:
@@ -168,11 +179,7 @@ def run(options: Options) -> dict:
     ranks = max(2, options.ranks)
     rows, machine = compare(layouts(ranks, options.quick), ranks, options.out_dir / "layouts", options)
     rate, rate_source, link = machine["rate_flops"], machine["rate_source"], machine["link"]
-    predicted_order = sorted(rows, key=lambda row: row["predicted_ms"])
-    measured_order = sorted(rows, key=lambda row: row["measured_ms"])
-    rho = spearman([row["predicted_ms"] for row in rows], [row["measured_ms"] for row in rows])
-    pick, fastest = predicted_order[0], measured_order[0]
-    cost = pick["measured_ms"] / fastest["measured_ms"] - 1
+    rho, pick, fastest, cost = agreement(rows)
     text = (f"the chooser's order against the measured one over {len(rows)} layouts on {ranks} ranks: Spearman "
             f"{rho:.2f} (target {RHO_TARGET:g}: {'met' if rho >= RHO_TARGET else 'missed'}); its first pick, "
             f"{pick['layout']}, ran {cost:.0%} slower than the fastest, {fastest['layout']}")
@@ -215,9 +222,7 @@ def draw(ax, rows: list[dict], ranks: int) -> None:
         ax.plot(row["measured_ms"], row["predicted_ms"], "o", color="tab:blue")
         ax.annotate(row["layout"], (row["measured_ms"], row["predicted_ms"]), fontsize=7, xytext=(3, 3),
                     textcoords="offset points")
-    rho = spearman([row["predicted_ms"] for row in rows], [row["measured_ms"] for row in rows])
-    pick = min(rows, key=lambda row: row["predicted_ms"])
-    cost = pick["measured_ms"] / min(row["measured_ms"] for row in rows) - 1
+    rho, _, _, cost = agreement(rows)
     ax.set(xscale="log", yscale="log", xlabel="measured ms per step", ylabel="predicted ms per step",
            title=f"{ranks} ranks: Spearman {rho:.2f}; the first pick ran {cost:.0%} slower than the fastest")
     ax.legend(fontsize=8, loc="upper left")
