@@ -21,25 +21,18 @@ set -eo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
 # Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks; ALCF's page
-# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) loads this MPICH beside it.  The module
-# gets a venv of its own, made once on a login node: module load tensorflow mpich/opt/develop-git.6037a7a &&
-# tools/setup_site.sh site --venv .venv-tf
+# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) loads this MPICH beside it.
 if command -v module >/dev/null 2>&1; then
     module load tensorflow mpich/opt/develop-git.6037a7a
 fi
+
+# The Python environment that has scaledl over the tensorflow module: $SCALEDL_VENV, else .venv-tf in
+# this directory, made once on a login node: module load tensorflow mpich/opt/develop-git.6037a7a &&
+# tools/setup_site.sh site --venv .venv-tf
 SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv-tf}
 if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
     echo "error: no Python environment at $SCALEDL_VENV: make it once on a login node with" \
          "'module load tensorflow mpich/opt/develop-git.6037a7a && tools/setup_site.sh site --venv .venv-tf'" >&2
-    exit 2
-fi
-
-# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which
-# `make setup SYSTEM=aurora` makes over the module loaded above (nothing of it reinstalled).
-SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}
-if [ ! -f "$SCALEDL_VENV/bin/activate" ]; then
-    echo "error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM=aurora' in your clone" \
-         "and submit from there, or export SCALEDL_VENV=<that clone>/.venv" >&2
     exit 2
 fi
 # shellcheck source=/dev/null

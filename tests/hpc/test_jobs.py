@@ -180,3 +180,12 @@ def test_aurora_tensorflow_rungs_load_the_tensorflow_module_and_the_others_frame
             assert ".venv-tf" in path.read_text(), path.name
         else:
             assert loads == ["frameworks"], path.name
+
+
+def test_every_job_chooses_its_python_environment_once():
+    # One SCALEDL_VENV default a script: a second, after the first, is dead and misleads its reader.
+    for path in sorted((ROOT / "jobs").glob("*/*.sh")):
+        defaults = re.findall(r"^SCALEDL_VENV=\$\{SCALEDL_VENV:-(.+)\}$", path.read_text(), re.M)
+        assert len(defaults) == 1, (path, defaults)
+        assert defaults[0] == ("$PWD/.venv-tf" if path.parts[-2] == "aurora" and path.stem.endswith("_tf")
+                               else "$PWD/.venv"), path

@@ -159,18 +159,32 @@ POLARIS_HOROVOD = ("# Horovod: not in the conda module since conda/2025-09-25; `
 AURORA_TF_MODULES = "tensorflow mpich/opt/develop-git.6037a7a"
 AURORA_TF = (
     "# Aurora: TensorFlow and Intel's Horovod are in the tensorflow module, not in frameworks; ALCF's page\n"
-    "# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) loads this MPICH beside it.  The module\n"
-    f"# gets a venv of its own, made once on a login node: module load {AURORA_TF_MODULES} &&\n"
-    "# tools/setup_site.sh site --venv .venv-tf\n"
+    "# (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow) loads this MPICH beside it.\n"
     "if command -v module >/dev/null 2>&1; then\n"
     f"    module load {AURORA_TF_MODULES}\n"
-    "fi\n"
+    "fi\n")
+# The Python environment that has scaledl, made by `make setup` over the system's module.
+VENV = (
+    "# The Python environment that has scaledl: $SCALEDL_VENV, else .venv in this directory, which\n"
+    "# `make setup SYSTEM={system}` makes over {base} (nothing of it reinstalled).\n"
+    "SCALEDL_VENV=${{SCALEDL_VENV:-$PWD/.venv}}\n"
+    "if [ ! -f \"$SCALEDL_VENV/bin/activate\" ]; then\n"
+    "    echo \"error: no Python environment at $SCALEDL_VENV: run 'make setup SYSTEM={system}' in your clone\" \\\n"
+    "         \"and submit from there, or export SCALEDL_VENV=<that clone>/.venv\" >&2\n"
+    "    exit 2\n"
+    "fi")
+# Aurora's tensorflow module gets a venv of its own, .venv-tf, made once on a login node.
+AURORA_TF_VENV = (
+    "# The Python environment that has scaledl over the tensorflow module: $SCALEDL_VENV, else .venv-tf in\n"
+    f"# this directory, made once on a login node: module load {AURORA_TF_MODULES} &&\n"
+    "# tools/setup_site.sh site --venv .venv-tf\n"
     "SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv-tf}\n"
     "if [ ! -f \"$SCALEDL_VENV/bin/activate\" ]; then\n"
     "    echo \"error: no Python environment at $SCALEDL_VENV: make it once on a login node with\" \\\n"
     f"         \"'module load {AURORA_TF_MODULES} && tools/setup_site.sh site --venv .venv-tf'\" >&2\n"
     "    exit 2\n"
-    "fi\n")
+    "fi")
+RUNG_VENV = {("aurora", "horovod_tf"): AURORA_TF_VENV, ("aurora", "single_tf"): AURORA_TF_VENV}
 RUNG_SETUP = {
     ("polaris", "horovod_tf"): SETUP["polaris"] + POLARIS_HOROVOD,
     ("polaris", "horovod_torch"): SETUP["polaris"] + POLARIS_HOROVOD,
@@ -267,8 +281,9 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
         "comm": (f" and exports {job.system}'s recommended\n# communication variables unless you set them first; "
                  "--dry-run prints both." if pbs else "; --dry-run prints it (a Slurm cluster\n# has no "
                  "communication presets here: export your site's NCCL variables in the set-up above)."),
-        "base": "the module loaded above" if pbs else "the Python of the modules you load above",
     }
+    base = "the module loaded above" if pbs else "the Python of the modules you load above"
+    values["venv"] = RUNG_VENV.get((job.system, job.name)) or VENV.format(system=job.system, base=base)
     template = resources.files("scaledl.hpc").joinpath("templates", "job.sh.template").read_text()
     return re.sub(r"\{\{(\w+)\}\}", lambda match: values[match.group(1)], template)
 

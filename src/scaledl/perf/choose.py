@@ -93,10 +93,11 @@ def activation_bytes(seq_len: int, micro_batch_size: int, width: int, blocks: in
 
 def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int, dp: int,
              tp: int, pp: int, stage: int, recompute: str, micro_batch_size: int, precision: str = "bf16",
-             mfu: float = 0.45, headroom: float = 0.1, tp_allreduces_per_block: int = 4) -> dict:
+             mfu: float = 0.45, headroom: float = 0.1,
+             tp_allreduces_per_block: int = predict.MEGATRON_TP_ALLREDUCES_PER_BLOCK) -> dict:
     """One layout's memory per rank and predicted step (see the module docstring).  `tp_allreduces_per_block`:
-    Megatron-LM's 4 (q, k and v fused into one layer); scaledl's tensor-parallel rung makes 6
-    (`predict.tensor_parallel_collectives`)."""
+    Megatron-LM's (the default, q, k and v fused into one layer) or scaledl's tensor-parallel rung's
+    (`predict.RUNG_TP_ALLREDUCES_PER_BLOCK`)."""
     width, depth, heads, seq_len = sizes["width"], sizes["depth"], sizes["heads"], sizes["seq_len"]
     world = nodes * system.ranks_per_node
     micro_batches = global_batch_size // (dp * micro_batch_size)  # per step, on each pipeline or rank

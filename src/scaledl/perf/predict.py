@@ -359,12 +359,18 @@ def fsdp2_collectives(unit_numels: list[int], root_numel: int = 0) -> dict:
             "scatters": units + root}
 
 
+# The all-reduces one transformer block makes in a tensor-parallel step.  scaledl's tensor-parallel rung, with
+# ColwiseParallel and RowwiseParallel: 2 in forward (after the attention's output and the MLP's second layer) and 4
+# in backward (into q, k and v, unfused, and the MLP's first layer); counted in real steps by
+# tests/perf/test_predict.py.  Megatron-LM fuses q, k and v into one layer: 2 and 2 (Shoeybi et al. 2019, sec. 3).
+RUNG_TP_ALLREDUCES_PER_BLOCK = 6
+MEGATRON_TP_ALLREDUCES_PER_BLOCK = 4
+
+
 def tensor_parallel_collectives(depth: int, micro_batch_size: int, seq_len: int, width: int,
-                                bytes_per_value: int = 4, per_block: int = 6) -> dict:
+                                bytes_per_value: int = 4, per_block: int = RUNG_TP_ALLREDUCES_PER_BLOCK) -> dict:
     """The all-reduces of one tensor-parallel step of `depth` transformer blocks: `per_block` of them a
-    block (6 as scaledl's tensor-parallel rung runs it with ColwiseParallel and RowwiseParallel: 2 in
-    forward, after the attention's output and the MLP's second layer; 4 in backward, into q, k, v and
-    the MLP's first layer; 4 in Megatron-LM), each of the block's activations."""
+    block (RUNG_TP_ALLREDUCES_PER_BLOCK by default), each of the block's activations."""
     return {"tp_allreduces": per_block * depth,
             "activation_bytes": micro_batch_size * seq_len * width * bytes_per_value}
 

@@ -38,9 +38,6 @@ SIZES = {"width": 64, "depth": 4, "heads": 2, "seq_len": 64}
 GLOBAL_BATCH_SIZE = 16  # sequences a step, in every layout
 STEPS, LOG_INTERVAL = 22, 2  # the rung's summary: the median of the 10 log intervals after the first
 RHO_TARGET = 0.8
-# The tensor-parallel rung's all-reduces a block (q, k and v unfused: predict.tensor_parallel_collectives, counted
-# in real steps by tests/perf/test_predict.py), where the Polaris ranking takes Megatron-LM's 4.
-TP_ALLREDUCES_PER_BLOCK = 6
 
 
 def layouts(ranks: int, quick: bool) -> list[dict]:
@@ -151,7 +148,7 @@ def compare(chosen: list[dict], ranks: int, folder: Path, options: Options | Non
         if refused:  # a rank count the model's heads or blocks do not divide
             continue
         predicted = choose.evaluate(SIZES, system, device, 1, GLOBAL_BATCH_SIZE, precision="fp32", mfu=1.0,
-                                    tp_allreduces_per_block=TP_ALLREDUCES_PER_BLOCK,
+                                    tp_allreduces_per_block=predict.RUNG_TP_ALLREDUCES_PER_BLOCK,
                                     **{k: layout[k] for k in ("dp", "tp", "pp", "recompute", "micro_batch_size")},
                                     stage=layout["zero"])
         rung, args = rung_command(layout, folder / f"layout{index}")
