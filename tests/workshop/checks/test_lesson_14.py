@@ -45,7 +45,7 @@ def test_fastest_here_check(capsys):
     assert "data parallelism ran the fastest step" in verdict(capsys)
     fails(capsys, checks.check_fastest_here(None, layout_rows()), "`fastest_here` is not set")
     fails(capsys, checks.check_fastest_here("tp", layout_rows()), "tensor parallelism measured 76.5 ms",
-          "4 all-reduces a block", "28 ms predicted", "the 2.1 ms dp adds")
+          "6 all-reduces a block", "28 ms predicted", "the 2.1 ms dp adds")
     fails(capsys, checks.check_fastest_here("pp", layout_rows()), "a bubble of 20%", "8.3 ms of sends")
     fails(capsys, checks.check_fastest_here("zero", layout_rows()), "one of \"dp\", \"tp\", \"pp\"")
     # The measurement decides, not the prediction: where the pipeline ran fastest, it is the answer.
@@ -53,3 +53,41 @@ def test_fastest_here_check(capsys):
     verdict(capsys)
     fails(capsys, checks.check_fastest_here("dp", layout_rows(dp_ms=60.0)), "data parallelism measured 60 ms",
           "one all-reduce of the gradients")
+
+
+# ---------------------------------------------------------------- a layout's memory per rank
+WIDTH, DEPTH, HEADS, SEQ_LEN, GLOBAL_BATCH_SIZE = 2560, 32, 32, 2048, 512
+
+
+def memory_gib(dp, tp, pp, zero, recompute, micro_batch_size, sharded=(1, 2, 3), in_flight=None, activations=True):
+    """The exercise's answer, with one part changeable into a learner's mistake."""
+    from scaledl.perf import choose
+
+    held = choose.params_per_rank(WIDTH, DEPTH, SEQ_LEN, tp, pp)
+    one = choose.activation_bytes(SEQ_LEN, micro_batch_size, WIDTH, DEPTH // pp, HEADS, recompute, "bf16", tp)
+    weights, grads, state = 2 * held, 2 * held, 12 * held
+    state /= dp if zero >= sharded[0] else 1
+    grads /= dp if zero >= sharded[1] else 1
+    weights /= dp if zero >= sharded[2] else 1
+    m = GLOBAL_BATCH_SIZE // (dp * micro_batch_size)
+    held_at_once = (min(m, pp) if pp > 1 else 1) if in_flight is None else in_flight(m, pp)
+    return (weights + grads + state + held_at_once * one * activations) / 2**30
+
+
+def test_memory_per_rank(capsys):
+    assert checks.check_memory_per_rank(memory_gib)
+    assert "matches the chooser's on all" in verdict(capsys)
+    fails(capsys, checks.check_memory_per_rank(None), "`memory_gib` is not set")
+    fails(capsys, checks.check_memory_per_rank(3.0), "must be a function")
+    fails(capsys, checks.check_memory_per_rank(lambda *args: 1 / 0), "raised ZeroDivisionError")
+    # ZeRO-2 taken to shard the weights too, as stage 3 does.
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, sharded=(1, 2, 2))), "at ZeRO-2")
+    # No sharding at all: every stage held as stage 0.
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, sharded=(9, 9, 9))), "at ZeRO-", "over 16 ranks")
+    # Every micro batch of the step held at once, or one only, with a pipeline.
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: m)), "pp=2")
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: 1)), "pp=2")
+    # pp micro batches in flight even where the step has fewer: only a short step shows it.
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: pp if pp > 1 else 1)),
+          "micro_batch_size=64", "1 micro batch(es) in flight")
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, activations=False)), "the activations")

@@ -1,9 +1,54 @@
-"""Lesson 14's checks: a layout for a model on Polaris, and the fastest layout measured here."""
+"""Lesson 14's checks: a layout's memory per rank, a layout for a model on Polaris, and the fastest layout
+measured here."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _unfinished, _verdict
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")
+
+
+def check_memory_per_rank(memory_gib, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                          global_batch_size: int = 512, rel: float = 0.01) -> bool:
+    """`memory_gib(dp, tp, pp, zero, recompute, micro_batch_size)`: the GiB a rank needs for the language model at
+    `preset`'s size on `nodes` of `system` (bf16 with Adam), within `rel` of scaledl.perf.choose's, on every layout
+    the machine and DeepSpeed allow; a wrong one is told which part is off on the first layout it misses."""
+    import math
+
+    from scaledl import models, zero_memory
+    from scaledl.perf import choose, predict
+
+    if memory_gib is None:
+        return _unfinished("memory_gib")
+    if not callable(memory_gib):
+        return _verdict(False, "`memory_gib` must be a function of (dp, tp, pp, zero, recompute, micro_batch_size)")
+    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
+    rows = choose.layouts(sizes, machine, device, nodes, global_batch_size)
+    # Every pipeline depth, ZeRO stage and tp, at a few micro batch sizes: the cases a formula can get wrong.
+    rows = [row for row in rows if row["micro_batch_size"] in (1, 2, 8, 64)]
+    for row in rows:
+        args = tuple(row[key] for key in LAYOUT_KEYS)
+        try:
+            got = float(memory_gib(*args))
+        except NotImplementedError:
+            return _unfinished("memory_gib")
+        except Exception as error:  # noqa: BLE001 - the learner's code: name the layout it failed on
+            return _verdict(False, f"memory_gib{args} raised {type(error).__name__}: {error}")
+        if math.isclose(got, row["memory_gib"], rel_tol=rel):
+            continue
+        dp, tp, pp, zero, recompute, micro = args
+        held = math.ceil(choose.params_per_rank(sizes["width"], sizes["depth"], sizes["seq_len"], tp, pp))
+        weight, grad, state = zero_memory.bytes_per_param("bf16", zero, choose.ADAM_STATE_BYTES)
+        state_gib = zero_memory.predict(held, dp, zero, weight, grad, state)["total"] / 2**30
+        activation_gib = row["memory_gib"] - state_gib
+        in_flight = min(row["micro_batches"], pp) if pp > 1 else 1
+        return _verdict(False, f"memory_gib(dp={dp}, tp={tp}, pp={pp}, zero={zero}, recompute={recompute!r}, "
+                               f"micro_batch_size={micro}) is {got:.2f} GiB, expected {row['memory_gib']:.2f}: the "
+                               f"state of the {held:,} parameters the rank holds is {state_gib:.2f} GiB at ZeRO-{zero} "
+                               f"over {dp} ranks, and the activations {activation_gib:.2f} GiB ({in_flight} micro "
+                               "batch(es) in flight on the first stage)")
+    return _verdict(True, f"your memory matches the chooser's on all {len(rows)} layouts tried, from "
+                          f"{min(row['memory_gib'] for row in rows):.1f} to {max(row['memory_gib'] for row in rows):.0f}"
+                          " GiB a rank")
 
 
 def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
@@ -56,6 +101,8 @@ def _kind(row: dict) -> str:
 def check_fastest_here(fastest_here, rows: list[dict]) -> bool:
     """`fastest_here` ("dp", "tp" or "pp"): the layout of the 2-rank runs (`scaledl.perf.bench.layouts.compare`'s
     rows, one of each kind) that measured the fastest step; a wrong one is told what its predicted parts cost."""
+    from scaledl.perf import predict
+
     if fastest_here is None:
         return _unfinished("fastest_here")
     if fastest_here not in _KINDS:
@@ -68,7 +115,8 @@ def check_fastest_here(fastest_here, rows: list[dict]) -> bool:
                               "parts put the other two")
     mine = by_kind[fastest_here]
     why = {"dp": f"one all-reduce of the gradients a step, {mine['dp_ms']:.3g} ms predicted",
-           "tp": f"4 all-reduces a block and micro batch, {mine['tp_ms']:.3g} ms predicted, none hidden",
+           "tp": f"{predict.RUNG_TP_ALLREDUCES_PER_BLOCK} all-reduces a block and micro batch, {mine['tp_ms']:.3g} ms "
+                 "predicted, none hidden",
            "pp": f"a bubble of {mine['bubble']:.0%} and {mine['pp_ms']:.3g} ms of sends predicted"}[fastest_here]
     return _verdict(False, f"{_KINDS[fastest_here]} measured {mine['measured_ms']:.3g} ms a step, {_KINDS[best]} "
                            f"{fastest['measured_ms']:.3g} ms: {fastest_here} costs {why}, against the "
