@@ -83,7 +83,8 @@ def test_memory_per_rank(capsys):
     # ZeRO-2 taken to shard the weights too, as stage 3 does.
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, sharded=(1, 2, 2))), "at ZeRO-2")
     # No sharding at all: every stage held as stage 0.
-    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, sharded=(9, 9, 9))), "at ZeRO-", "over 16 ranks")
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, sharded=(9, 9, 9))), "at ZeRO-",
+          "over 16 ranks")
     # Every micro batch of the step held at once, or one only, with a pipeline.
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: m)), "pp=2")
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: 1)), "pp=2")

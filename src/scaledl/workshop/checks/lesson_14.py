@@ -46,9 +46,9 @@ def check_memory_per_rank(memory_gib, preset: str = "gpt3-2.7b", system: str = "
                                f"state of the {held:,} parameters the rank holds is {state_gib:.2f} GiB at ZeRO-{zero} "
                                f"over {dp} ranks, and the activations {activation_gib:.2f} GiB ({in_flight} micro "
                                "batch(es) in flight on the first stage)")
-    return _verdict(True, f"your memory matches the chooser's on all {len(rows)} layouts tried, from "
-                          f"{min(row['memory_gib'] for row in rows):.1f} to {max(row['memory_gib'] for row in rows):.0f}"
-                          " GiB a rank")
+    low, high = min(row["memory_gib"] for row in rows), max(row["memory_gib"] for row in rows)
+    return _verdict(True, f"your memory matches the chooser's on all {len(rows)} layouts tried, from {low:.1f} to "
+                          f"{high:.0f} GiB a rank")
 
 
 def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
