@@ -47,3 +47,33 @@ def test_tensor_parallel_mlp_check(capsys):
     fails(capsys, checks.check_tensor_parallel_mlp(ys, w1s, [mlp[2].weight[:8], mlp[2].weight[8:]], mlp, x),
           "columns 0-31 of the second layer's weight")
     fails(capsys, checks.check_tensor_parallel_mlp([None, None], [None, None], [None, None], mlp, x), "has no `y`")
+
+
+# ---------------------------------------------------------------- the rank groups of a dp x tp grid
+
+def rank_groups(world_size, tp):
+    """The exercise's answer: init_device_mesh's (dp, tp) grid, row-major."""
+    rows = [list(range(row * tp, (row + 1) * tp)) for row in range(world_size // tp)]
+    return {"tp": rows, "dp": [list(column) for column in zip(*rows)]}
+
+
+def test_rank_groups(capsys):
+    assert checks.check_rank_groups(rank_groups)
+    line = verdict(capsys)
+    assert "each tp group is one node's GPUs, [[0, 1, 2, 3], [4, 5, 6, 7]]" in line and "spans nodes [0, 1]" in line
+    # Groups listed in another order are the same groups.
+    assert checks.check_rank_groups(lambda n, tp: {key: value[::-1] for key, value in rank_groups(n, tp).items()})
+    verdict(capsys)
+    fails(capsys, checks.check_rank_groups(None), "`rank_groups` is not set")
+    fails(capsys, checks.check_rank_groups([[0, 1]]), "must be a function")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: (rank_groups(n, tp)["tp"], rank_groups(n, tp)["dp"])),
+          "must return a dict")
+    # The grid numbered column by column: tp groups strided, dp groups consecutive.
+    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": rank_groups(n, n // tp)["dp"],
+                                                          "dp": rank_groups(n, n // tp)["tp"]}),
+          "rank_groups(8, 4)[\"tp\"] is [[0, 2, 4, 6], [1, 3, 5, 7]]", "rank = row x tp + column")
+    # The two dimensions swapped: groups of dp ranks named tp.
+    fails(capsys, checks.check_rank_groups(lambda n, tp: rank_groups(n, n // tp)), "expected 2 groups of 4")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": [list(range(n))], "dp": [[r] for r in range(n)]}),
+          "rank_groups(8, 4)")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: 1 / 0), "raised ZeroDivisionError")

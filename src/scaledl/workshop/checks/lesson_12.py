@@ -1,7 +1,50 @@
-"""Lesson 12's check: a tensor-parallel MLP, split by hand."""
+"""Lesson 12's checks: a tensor-parallel MLP, split by hand, and the rank groups of a dp x tp grid."""
 from __future__ import annotations
 
-from scaledl.workshop.checks.common import _verdict
+from scaledl.workshop.checks.common import _unfinished, _verdict
+
+# (world_size, tp) grids the groups are checked on, and the ranks a node holds for the verdict's reading.
+GRIDS = ((8, 4), (8, 2), (16, 4), (12, 4), (4, 2), (6, 3), (8, 1), (8, 8))
+
+
+def _grid(world_size: int, tp: int) -> dict:
+    """init_device_mesh's layout, (dp, tp) row-major: rank = row x tp + column (torch/distributed/device_mesh.py,
+    the identity rank map over sizes with contiguous strides)."""
+    rows = [list(range(row * tp, (row + 1) * tp)) for row in range(world_size // tp)]
+    return {"tp": rows, "dp": [list(column) for column in zip(*rows)]}
+
+
+def check_rank_groups(rank_groups, ranks_per_node: int = 4) -> bool:
+    """`rank_groups(world_size, tp)`: {"tp": [...], "dp": [...]}, the ranks of each tensor-parallel group (a row
+    of the dp x tp grid) and of each data-parallel group (a column), each group in rank order, on every grid of
+    GRIDS; the verdict then reads Polaris' 2-node grid against its nodes of `ranks_per_node` GPUs."""
+    if rank_groups is None:
+        return _unfinished("rank_groups")
+    if not callable(rank_groups):
+        return _verdict(False, "`rank_groups` must be a function of (world_size, tp)")
+    for world_size, tp in GRIDS:
+        try:
+            got = rank_groups(world_size, tp)
+        except NotImplementedError:
+            return _unfinished("rank_groups")
+        except Exception as error:  # noqa: BLE001 - the learner's code: name the grid it failed on
+            return _verdict(False, f"rank_groups({world_size}, {tp}) raised {type(error).__name__}: {error}")
+        want = _grid(world_size, tp)
+        if not isinstance(got, dict) or set(got) != {"tp", "dp"}:
+            return _verdict(False, f"rank_groups({world_size}, {tp}) must return a dict with the keys \"tp\" and "
+                                   "\"dp\", each a list of groups")
+        for name in ("tp", "dp"):
+            groups = [sorted(int(rank) for rank in group) for group in got[name]]
+            if sorted(groups) != want[name]:
+                size = tp if name == "tp" else world_size // tp
+                return _verdict(False, f"rank_groups({world_size}, {tp})[\"{name}\"] is {got[name]}, expected "
+                                       f"{world_size // size} groups of {size}: {want[name]}; init_device_mesh numbers "
+                                       "the grid row by row (rank = row x tp + column), a tp group is a row and a dp "
+                                       "group a column")
+    polaris = _grid(8, 4)
+    nodes = [sorted({rank // ranks_per_node for rank in group}) for group in polaris["dp"]]
+    return _verdict(True, f"on 2 Polaris nodes (8 ranks, tp 4) each tp group is one node's GPUs, {polaris['tp']}; "
+                          f"each dp group, e.g. {polaris['dp'][0]}, spans nodes {nodes[0]}")
 
 
 def check_tensor_parallel_mlp(ys, w1s, w2s, mlp, x, tolerance: float = 1e-4) -> bool:
