@@ -56,8 +56,7 @@ def test_lesson_0_and_the_readme_give_the_same_setup(system):
     assert marked_block(lesson_0_text(), f"setup:{system}") == block
     assert f"make setup SYSTEM={system}" in block and "source .venv/bin/activate" in block
     # The job scripts source the same .venv, after loading the same modules.
-    template = (ROOT / "src" / "scaledl" / "hpc" / "templates" / "job.sh.template").read_text()
-    assert "SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}" in template
+    assert "SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv}\n" in (ROOT / "jobs" / system / "ddp.sh").read_text()
     job_modules = [line.strip() for line in SETUP[system].splitlines() if line.strip().startswith(("module", "conda"))]
     site = re.search(rf"^\s*{system}\) modules=\((.*?)\) ;;", (ROOT / "tools" / "setup_site.sh").read_text(), re.M)
     assert job_modules and re.findall(r'"([^"]+)"', site.group(1)) == job_modules

@@ -191,11 +191,12 @@ def _slurm_cpus_per_task(env: Mapping[str, str], ppn: int) -> list[str]:
     """srun's --cpus-per-task for each rank: the allocation's, else the node's CPUs shared out.
 
     Without it every task gets one CPU under --cpu-bind=cores (srun(1), -c: the default is one
-    processor per task), so a rank's data loader and intra-op threads share one core.  Since
-    Slurm 22.05 srun no longer inherits sbatch/salloc's --cpus-per-task (Slurm's RELEASE_NOTES
-    for 22.05; sbatch(1), --cpus-per-task): passed on explicitly.  A job that asked for none
-    (the job scripts ask for whole nodes, #SBATCH --exclusive) gets SLURM_CPUS_ON_NODE // ppn;
-    SRUN_CPUS_PER_TASK is srun's own setting, the user's choice, and is left to srun.
+    processor per task), so a rank's data loader and intra-op threads share one core.  From
+    Slurm 22.05 to 23.02 srun did not inherit sbatch/salloc's --cpus-per-task (Slurm's RELEASE_NOTES
+    for 22.05; 23.11 restored it through SLURM_CPUS_PER_TASK): passed on explicitly, which is
+    harmless where srun inherits it.  A job that asked for none (the job scripts ask for whole
+    nodes, #SBATCH --exclusive) gets SLURM_CPUS_ON_NODE // ppn.  SRUN_CPUS_PER_TASK (srun's own
+    setting in 22.05-23.02; 23.11 and later ignore it) is the user's choice and is left to srun.
     """
     if "SRUN_CPUS_PER_TASK" in env:
         return []

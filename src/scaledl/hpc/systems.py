@@ -18,8 +18,10 @@ from typing import Mapping
 
 from scaledl.launch_env import LaunchError, read_nodefile
 
-POLARIS_NCCL_DOCS = "ALCF user guide, Polaris > Data Science > NCCL (docs.alcf.anl.gov/polaris)"
-AURORA_CCL_DOCS = "ALCF user guide, Aurora > Data Science > oneCCL (docs.alcf.anl.gov/aurora)"
+POLARIS_NCCL_DOCS = ("ALCF user guide, Polaris > Applications and Libraries > Libraries > NCCL "
+                     "(docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/)")
+AURORA_CCL_DOCS = ("ALCF user guide, Aurora > Data Science > Frameworks > oneCCL "
+                   "(docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/)")
 AURORA_JOBS_DOCS = "https://docs.alcf.anl.gov/aurora/running-jobs-aurora"
 AURORA_PYTORCH_DOCS = "https://docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch"
 # Not on ALCF's oneCCL page: set by common Aurora job scripts ("Required by Aurora mpich"); ALCF's PyTorch
@@ -87,8 +89,8 @@ POLARIS_COMM_ENV = (
 # LD_LIBRARY_PATH (argonne-lcf/user-guides, docs/polaris/applications-and-libraries/libraries/nccl.md).
 # NCCL_NET names a network that must load: with no libnccl-net.so to find, NCCL fails every
 # communicator instead of falling back to sockets (ncclNetInit: "Failed to initialize any NET plugin",
-# ncclInvalidUsage, src/plugin/net.cc in NCCL 2.27-2.28; "Error: network %s not found." in src/net.cc
-# up to 2.23).  So where no LD_LIBRARY_PATH folder holds the plugin, these go first.
+# ncclInvalidUsage, src/plugin/net.cc from NCCL 2.27; "Error: network %s not found." before that, in
+# src/net.cc up to 2.25 and src/plugin/net.cc in 2.26).  So where no LD_LIBRARY_PATH folder holds the plugin, these go first.
 POLARIS_NCCL_PLUGIN_FOLDERS = ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib", "/soft/libraries/hwloc/lib")
 NCCL_PLUGIN_FILE = "libnccl-net.so"
 
@@ -134,10 +136,11 @@ AURORA_COMM_ENV = (
            "number GPUs in PCI order, so xpu:<r> is the same tile on every node, next to the cores its "
            "--cpu-bind list gives", AURORA_JOBS_DOCS),
     Preset("FI_PROVIDER", "cxi", "libfabric's Slingshot provider (fi_cxi(7))", AURORA_SCRIPTS),
-    Preset("FI_CXI_DEFAULT_CQ_SIZE", "1048576", "a completion queue large enough for 12 ranks a node",
+    Preset("FI_CXI_DEFAULT_CQ_SIZE", "1048576", "a larger completion queue (in ALCF's optional, application-"
+           "dependent list; the CXI provider's default is 131072 from libfabric 2.2)", AURORA_CCL_DOCS),
+    Preset("FI_CXI_RX_MATCH_MODE", "hybrid", "when the NIC's matching resources run out, move to hardware and "
+           "software matching instead of entering flow control, which can cycle and look like a hang (fi_cxi(7))",
            AURORA_CCL_DOCS),
-    Preset("FI_CXI_RX_MATCH_MODE", "hybrid", "fall back to software matching instead of failing when "
-           "hardware receive slots run out", AURORA_CCL_DOCS),
     Preset("FI_MR_CACHE_MONITOR", "userfaultfd",
            f"{USERFAULTFD} ({FI_MR_DOCS}); in ALCF's minimal set, 'essential for functionality' (its optional list "
            f"tries 'disabled', no cache at all)", AURORA_CCL_DOCS),

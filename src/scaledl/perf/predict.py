@@ -57,8 +57,8 @@ The model (each formula below cites where it comes from):
   for its forward's one (Kaplan et al., "Scaling Laws for Neural Language Models", 2020, sec. 2.1:
   6N flops per token, 2N of them forward).
 * Full recomputation (`--recompute full`) runs each block's forward again inside backward: the step
-  grows by one forward, 1/3 of it (Korthikanti et al. 2022, arXiv:2205.05198, sec. 6.2, measured
-  "an overhead of 39% for recomputing the full layer (as opposed to the expected 33%)"), and
+  grows by one forward, 1/3 of it (Korthikanti et al. 2022, arXiv:2205.05198, measure a little more
+  for a whole layer in sec. 6.2), and
   backward, which communication overlaps, by the same.  Selective recomputation reruns only the
   cheap operations, whose time no flop count gives: pass the measured share of the forward it
   reruns (`rerun_share`).
@@ -141,15 +141,18 @@ POLARIS = System(
     Link(5e-6, 100e9, "NV4 between each pair of A100s (ALCF Polaris machine overview), 4 x 25 GB/s each way "
                       "(NVIDIA A100 datasheet); alpha nominal"),
     Link(10e-6, 2 * 25e9, "2 Slingshot NICs per node (ALCF Polaris machine overview) at Slingshot 11's 200 Gb/s "
-                          "(ALCF Slingshot page); alpha nominal"),
+                          "(Slingshot 11's 200 Gb/s ports, ALCF's Aurora interconnect page); alpha nominal"),
     "https://docs.alcf.anl.gov/polaris/")
 # Aurora (docs.alcf.anl.gov/aurora/): 6 GPUs of 2 tiles (12 ranks
 # per node), "connected all-to-all with Intel Xe Link", "8 HPE Slingshot-11 NICs" per node: 8 x 25 GB/s.
-# ALCF's overview gives no Xe Link bandwidth: the intra-node number is an assumption (a tile's share
-# of its GPU's links), to be replaced by a measured fit.
+# ALCF's overview gives no Xe Link bandwidth, but its "Single node GPU-Peak benchmarks" page measures it
+# (docs.alcf.anl.gov/aurora/node-performance-overview/node-performance-overview/): 15 GB/s one way from a
+# tile to a tile of another GPU, 185 GB/s between the two tiles of one GPU.  A ring over a node's 12 tiles
+# crosses GPUs, so its slowest edge is the 15 GB/s one.
 AURORA = System(
     "aurora", 12,
-    Link(5e-6, 100e9, "assumed: ALCF's overview gives no Xe Link bandwidth; alpha nominal"),
+    Link(5e-6, 15e9, "GPU2GPU 15 GB/s one way, a tile to a tile of another GPU (ALCF Aurora node performance "
+                     "overview, Single node GPU-Peak benchmarks); alpha nominal"),
     Link(10e-6, 8 * 25e9, "8 Slingshot 11 NICs x 200 Gb/s per node (ALCF Aurora machine overview); alpha nominal"),
     "https://docs.alcf.anl.gov/aurora/")
 SYSTEMS = {"polaris": POLARIS, "aurora": AURORA}
