@@ -276,3 +276,15 @@ def test_rung_and_px_are_defined_in_markdown_before_their_first_use(path):
         defined = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "markdown"
                    and definition.search(cell.source)]
         assert defined and defined[0] <= uses[0], f"{path.name}: define {term} where it is first used (cell {uses[0]})"
+
+
+@pytest.mark.parametrize("path", LESSONS + EXERCISES, ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_every_notebook_is_valid_with_an_id_on_every_cell(path):
+    # nbformat 4.5 gives each cell an id (JupyterLab keeps a learner's place by it); a cell added without one
+    # is a warning now and a hard error in later nbformat versions.
+    import json
+
+    notebook = json.loads(path.read_text())
+    ids = [cell.get("id") for cell in notebook["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids), [i for i, cell_id in enumerate(ids) if not cell_id]
+    nbformat.validate(nbformat.reads(path.read_text(), as_version=4))
