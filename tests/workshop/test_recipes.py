@@ -91,6 +91,15 @@ def test_the_aurora_recipe_is_the_aurora_job_script(rung):
     assert recipe[-1].startswith("mpiexec -n 24 --ppn 12 ")
 
 
+@pytest.mark.parametrize("rung", ["horovod_tf", "single_tf"])
+def test_the_aurora_tensorflow_recipe_sources_the_venv_its_job_script_uses(rung):
+    script = (ROOT / "jobs" / "aurora" / f"{rung}.sh").read_text()
+    recipe = recipes.aurora(rung)
+    assert "SCALEDL_VENV=${SCALEDL_VENV:-$PWD/.venv-tf}" in script
+    assert "source .venv-tf/bin/activate  # made once: module load tensorflow" in recipe
+    assert "source .venv/bin/activate" not in recipe
+
+
 def test_the_aurora_live_ranks_take_a_node_of_12_tiles():
     recipe = recipes.aurora("ddp", live_ranks=12, full=True).splitlines()
     assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1 -l walltime=01:00:00 "

@@ -90,7 +90,8 @@ POLARIS_COMM_ENV = (
 # NCCL_NET names a network that must load: with no libnccl-net.so to find, NCCL fails every
 # communicator instead of falling back to sockets (ncclNetInit: "Failed to initialize any NET plugin",
 # ncclInvalidUsage, src/plugin/net.cc from NCCL 2.27; "Error: network %s not found." before that, in
-# src/net.cc up to 2.25 and src/plugin/net.cc in 2.26).  So where no LD_LIBRARY_PATH folder holds the plugin, these go first.
+# src/net.cc up to 2.25 and src/plugin/net.cc in 2.26).  So where no LD_LIBRARY_PATH folder holds the
+# plugin, these go first.
 POLARIS_NCCL_PLUGIN_FOLDERS = ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib", "/soft/libraries/hwloc/lib")
 NCCL_PLUGIN_FILE = "libnccl-net.so"
 

@@ -351,7 +351,13 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     last_at = max([at for rank in submitted for at in rank.values()] + [start for rank in spans or []
                                                                          for start, _ in rank.values()])
     right = max(ticks * cycle_ms, last_at) + cycle_ms
-    fig, ax = _figure(10, 1.4 + (1.0 if spans else 0.6) * len(submitted))
+    # Two panels on one time axis: above, the times given (measured, or an example's); below, what the
+    # model of Horovod's cycle makes of them (its ticks and fused all-reduces), never drawn as measured.
+    from matplotlib.figure import Figure
+
+    rows = len(submitted)
+    fig = Figure(figsize=(10, 2.4 + (1.0 if spans else 0.6) * rows), layout="constrained")
+    ax, model_ax = fig.subplots(2, 1, sharex=True, height_ratios=[rows + 0.6 * bool(spans), 1.2])
     palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
     color = {name: palette[i % len(palette)] for i, name in enumerate(names)}
     span_colors = {}
@@ -368,27 +374,35 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
             ax.plot([at], [rank], "o", color=color[name], zorder=2)
             ax.annotate(name, (at, rank), textcoords="offset points", xytext=(0, 7 + 9 * level), ha="center",
                         fontsize=7)
-    fused_row = len(submitted) + 0.3
-    for index, (tick, group) in enumerate(reductions):
-        width = 0.8 * cycle_ms / max(1, sum(1 for t, _ in reductions if t == tick))
-        left = tick + width * sum(1 for t, _ in reductions[:index] if t == tick)
-        # Hatched: a modelled tick of the background thread, not a measured reduction.
-        ax.barh(fused_row, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5,
-                hatch="//")
-        fits = 0.045 * right * len(group) < width  # room for the names inside the bar
-        ax.text(left + width / 2, fused_row if fits else fused_row - 0.4,
-                "+".join(group) if fits else f"{len(group)} tensor{'s' * (len(group) > 1)}",
-                ha="center", va="center", fontsize=6, color="white" if fits else "black")
-    for tick in range(ticks + 1):
-        ax.axvline(tick * cycle_ms, color="gray", linewidth=0.5, linestyle=":")
-    ax.set(yticks=[*range(len(submitted)), fused_row],
-           yticklabels=[*(f"rank {r} submits" for r in range(len(submitted))), "fused all-reduce (modelled)"],
-           xlabel=f"ms (dotted: a cycle every {cycle_ms:g} ms)", ylim=(-0.6 - 0.3 * bool(spans), fused_row + 0.7),
-           xlim=(0, right),
-           title=title or "each cycle reduces what every rank has submitted, by name, fused into one buffer")
+    ax.set(yticks=range(rows), yticklabels=[f"rank {r}" for r in range(rows)], ylim=(-0.6 - 0.3 * bool(spans),
+                                                                                      rows - 0.4),
+           title=title or "when each rank hands each tensor to Horovod (a dot each)")
+    ax.grid(axis="x", color="0.9", linewidth=0.5)  # a ruler, one line a cycle: read the ticks in the panel below
     if spans:
         ax.legend(loc="lower left", fontsize=7, framealpha=0.9)
     ax.invert_yaxis()
+    for index, (tick, group) in enumerate(reductions):
+        width = 0.8 * cycle_ms / max(1, sum(1 for t, _ in reductions if t == tick))
+        left = tick + width * sum(1 for t, _ in reductions[:index] if t == tick)
+        # Hatched: a modelled reduction, started at a modelled tick; its width is drawn, not a duration.
+        model_ax.barh(0, width, left=left, height=0.5, color=COLORS["comm"], edgecolor="black", linewidth=0.5,
+                      hatch="//", label=None if index else "fused all-reduce (its start; width drawn)")
+        fits = 0.045 * right * len(group) < width  # room for the names inside the bar
+        model_ax.text(left + width / 2, 0 if fits else 0.55, "+".join(group) if fits else
+                      f"{len(group)} tensor{'s' * (len(group) > 1)}", ha="center", va="center", fontsize=6,
+                      color="white" if fits else "black")
+    for tick in range(ticks + 1):
+        model_ax.axvline(tick * cycle_ms, color="gray", linewidth=0.8, linestyle=":",
+                         label=None if tick else f"the background thread's tick, every {cycle_ms:g} ms")
+    model_ax.set(yticks=[0], yticklabels=["all ranks"], ylim=(0.9, -0.6), xlim=(0, right), xlabel="ms",
+                 title="modelled from those times: at each tick, one fused all-reduce of what every rank has "
+                       "handed over")
+    handles, labels = model_ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    if right / cycle_ms <= 20:
+        from matplotlib.ticker import MultipleLocator
+
+        model_ax.xaxis.set_major_locator(MultipleLocator(cycle_ms))  # both panels: a tick label each cycle
     fig.reductions = reductions  # what the drawing shows, for a caller or a test
     return fig
 

@@ -49,7 +49,7 @@ def _commands(setup: str) -> str:
 
 def venv_line(rung: str, system: str = SYSTEM) -> str:
     """The job script's `source` line: the clone's .venv, or Aurora's TensorFlow venv for horovod_tf."""
-    if ".venv-tf" in jobs.RUNG_SETUP.get((system, rung), ""):
+    if ".venv-tf" in jobs.RUNG_VENV.get((system, rung), ""):  # the job template's venv block for this rung
         return (f"source .venv-tf/bin/activate  # made once: module load {jobs.AURORA_TF_MODULES} && "
                 "tools/setup_site.sh site --venv .venv-tf")
     return f"source .venv/bin/activate  # the venv `make setup SYSTEM={system}` made in your clone"
