@@ -10,7 +10,7 @@ from scaledl.workshop import checks
     (checks.check_training_memory, (None, 10)), (checks.check_training_nodes, (None, 1, 1, 1, 1, 1)),
     (checks.check_samples_per_s, (None,)), (checks.check_sharding, (None,)), (checks.check_efficiency, (None, {1: 1})),
     (checks.check_warmup, (None,)), (checks.check_zero_formula, (None,)), (checks.check_parallelism_choice, (None,)),
-    (checks.check_ring_prediction, (None,)), (checks.check_fusion, (None,)), (checks.check_accumulation_plan, (None,)),
+    (checks.check_ring_prediction, (None,)), (checks.check_fusion, (None,)), (checks.check_batch_triple, (None,)),
     (checks.check_predicted_efficiency, (None,)), (checks.check_engine_bytes, (None,)),
     (checks.check_stopwatch_prediction, (None,)), (checks.check_ddp_buckets, (None,)),
     (checks.check_step_prediction, (None,)),

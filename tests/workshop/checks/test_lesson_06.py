@@ -146,3 +146,44 @@ def test_bucket_check_takes_an_unusual_right_answer(capsys):
         return out + [tuple(n for n, _ in current)] * bool(current) + list(itertools.islice([], 0))
     assert checks.check_ddp_buckets(predict)
     assert verdict(capsys).startswith("PASS: ")
+
+
+def profiled(first_start=0.011, last_start=0.205, backward_end=0.2, reductions=2):
+    """One rank's ddp_events rows: three backward ops, then `reductions` all-reduces."""
+    rows = [("backward", "Addmm", 0.0, 0.01), ("backward", "Convolution", 0.01, 0.15),
+            ("backward", "Convolution", 0.15, backward_end)]
+    starts = [first_start, last_start][:reductions] if reductions <= 2 else [first_start] * reductions
+    return rows + [("all-reduce", f"bucket {i}", start, start + 0.002) for i, start in enumerate(starts)]
+
+
+def test_bucket_record_check(capsys):
+    from scaledl import models
+
+    model, recorded = models.torch_cnn(width=64), "3216936, 297984"  # DDP's record for this model at 1 MiB
+    right = learner_buckets()
+    assert checks.check_bucket_record(right, model, 1, recorded, [profiled(), profiled()])
+    assert "3,216,936, 297,984 bytes" in verdict(capsys)
+    # Unusual but right: the record as a list, on a GPU (its all-reduces on the device's clock: no during-check).
+    assert checks.check_bucket_record(right, model, 1, [3216936, 297984], [profiled(first_start=0.3, last_start=0.3)],
+                                      device_type="cuda")
+    verdict(capsys)
+    # Forward order: other bytes than DDP recorded.
+    fails(capsys, checks.check_bucket_record(learner_buckets(order=1), model, 1, recorded, [profiled()] * 2),
+          "DDP recorded 3,216,936, 297,984", "Exercise 2's check")
+    # Every parameter in one bucket: the first iteration's buckets, not the rebuilt ones.
+    fails(capsys, checks.check_bucket_record(lambda m, cap: [[n for n, _ in m.named_parameters()][::-1]], model, 1,
+                                             recorded, [profiled()] * 2), "3,514,920 bytes")
+    # Names that are not the model's.
+    fails(capsys, checks.check_bucket_record(lambda m, cap: [["fc.weight"]], model, 1, recorded, [profiled()] * 2),
+          "not a parameter")
+    # The live side: a rank with one all-reduce, a last bucket before backward ended, a first one after it.
+    fails(capsys, checks.check_bucket_record(right, model, 1, recorded, [profiled(), profiled(reductions=1)]),
+          "rank 1 made 1 all-reduce")
+    fails(capsys, checks.check_bucket_record(right, model, 1, recorded, [profiled(last_start=0.19)] * 2),
+          "cannot exist yet")
+    fails(capsys, checks.check_bucket_record(right, model, 1, recorded, [profiled(first_start=0.2)] * 2),
+          "only after backward ended")
+    fails(capsys, checks.check_bucket_record(right, model, 1, None, [profiled()] * 2), "run the profiled backward")
+    fails(capsys, checks.check_bucket_record(right, model, 1, recorded, [profiled(), None]), "every rank")
+    fails(capsys, checks.check_bucket_record(untouched, model, 1, recorded, [profiled()] * 2), "NotImplementedError")
+    fails(capsys, checks.check_bucket_record(None, model, 1, recorded, [profiled()] * 2), "not set")

@@ -88,33 +88,82 @@ class _WorldOf:
         return 1
 
 
-def test_accumulation_plan_check(capsys):
-    def right(micro_steps, accumulation_steps, zero_stage):
-        steps = micro_steps // accumulation_steps
-        return (micro_steps if zero_stage >= 2 else steps), steps
+def test_batch_triple_check(capsys):
+    def right(global_batch_size, world_size, max_micro_batch):
+        if global_batch_size % world_size:
+            raise ValueError("not a multiple of world_size")
+        share = global_batch_size // world_size
+        micro = max(m for m in range(1, min(share, max_micro_batch) + 1) if share % m == 0)
+        return {"train_batch_size": global_batch_size, "train_micro_batch_size_per_gpu": micro,
+                "gradient_accumulation_steps": share // micro}
 
-    assert checks.check_accumulation_plan(right)
-    assert "PASS: all 5 cases" in verdict(capsys)
-    assert checks.check_accumulation_plan(right, (6, 3, 0, 2, 2))
-    assert "as the live ranks did (2 reducing backwards, 2 optimizer steps)" in verdict(capsys)
-    fails(capsys, checks.check_accumulation_plan(right, (6, 3, 0, 6, 2)), "the live ranks did 6 and 2")
-    fails(capsys, checks.check_accumulation_plan(None), "`plan` is not set")
-    # Every micro step reduces, whatever the stage (no accumulation of the communication).
-    fails(capsys, checks.check_accumulation_plan(lambda m, a, z: (m, m // a)), "only in a window's last backward")
-    # Stage 2 treated like stage 0.
-    fails(capsys, checks.check_accumulation_plan(lambda m, a, z: (m // a, m // a)), "from stage 2 on every backward")
-    # Every step() counted as an optimizer step.
-    fails(capsys, checks.check_accumulation_plan(lambda m, a, z: (m if z >= 2 else m // a, m)),
-          "applies the optimizer only at a window's end")
-    # An unfinished window counted as a step (rounding up).
-    fails(capsys, checks.check_accumulation_plan(lambda m, a, z: (m if z >= 2 else -(-m // a), -(-m // a))),
-          "a window left unfinished")
-    # Unusual but right: a list of NumPy integers, the windows counted in a loop.
-    def counted(micro_steps, accumulation_steps, zero_stage):
-        steps = sum(1 for m in range(1, micro_steps + 1) if m % accumulation_steps == 0)
-        return [np.int64(micro_steps if zero_stage > 1 else steps), np.int64(steps)]
-    assert checks.check_accumulation_plan(counted)
+    def first_guess(global_batch_size, world_size, max_micro_batch):  # the fewest windows that hold the share
+        share = right(global_batch_size, world_size, 1)["gradient_accumulation_steps"]
+        accumulation = -(-share // max_micro_batch)
+        return {"train_batch_size": global_batch_size, "train_micro_batch_size_per_gpu": share // accumulation,
+                "gradient_accumulation_steps": accumulation}
+
+    assert checks.check_batch_triple(right)
+    assert "all 7 cases" in verdict(capsys)
+    assert checks.check_batch_triple(right, "accepted: 50 = 5 x 5 x 2")
+    assert "DeepSpeed on the live ranks accepted" in verdict(capsys)
+    # Unusual but right: NumPy integers, and the accumulation left for DeepSpeed to infer.
+    def inferred(global_batch_size, world_size, max_micro_batch):
+        config = right(global_batch_size, world_size, max_micro_batch)
+        return {"train_batch_size": np.int64(global_batch_size),
+                "train_micro_batch_size_per_gpu": np.int64(config["train_micro_batch_size_per_gpu"])}
+    assert checks.check_batch_triple(inferred)
     verdict(capsys)
+    # The first guess: a micro batch that does not divide a rank's share, which DeepSpeed refuses.
+    fails(capsys, checks.check_batch_triple(first_guess), "100 on 4 ranks", "100 != micro batch 6 x accumulation 4",
+          "divide each rank's share")
+    # The largest micro batch whatever the share: accumulation 24 // 32 = 0 on the share of 24.
+    fails(capsys, checks.check_batch_triple(lambda g, n, m: {"train_batch_size": g, "train_micro_batch_size_per_gpu": m,
+                                                             "gradient_accumulation_steps": g // n // m}),
+          "DeepSpeed would refuse")
+    # Legal, but not the fewest accumulation steps: a micro batch of 1.
+    fails(capsys, checks.check_batch_triple(lambda g, n, m: right(g, n, 1)), "the fewest", "a micro batch of 8 fits")
+    # A micro batch that does not fit (no limit at all).
+    fails(capsys, checks.check_batch_triple(lambda g, n, m: right(g, n, g)), "does not fit")
+    # The global batch per rank in train_batch_size's place.
+    fails(capsys, checks.check_batch_triple(lambda g, n, m: {**right(g, n, m), "train_batch_size": g // n}),
+          "DeepSpeed would refuse")
+    # An answer where none exists, and an error where one does.
+    def rounded(global_batch_size, world_size, max_micro_batch):
+        return right(global_batch_size - global_batch_size % world_size, world_size, max_micro_batch)
+    fails(capsys, checks.check_batch_triple(rounded), "50 on 4 ranks", "raise ValueError")
+    def refuses(global_batch_size, world_size, max_micro_batch):
+        if (global_batch_size // world_size) % max_micro_batch:
+            raise ValueError("does not divide")
+        return right(global_batch_size, world_size, max_micro_batch)
+    fails(capsys, checks.check_batch_triple(refuses), "raised ValueError", "5 x 5 x 4 makes it")
+    fails(capsys, checks.check_batch_triple(lambda g, n, m: (g, m, g // n // m)), "return a dict")
+    fails(capsys, checks.check_batch_triple(lambda g, n, m: 1 / 0), "ZeroDivisionError")
+    # The live ranks: DeepSpeed's own refusal, or no verdict.
+    fails(capsys, checks.check_batch_triple(right, "refused: Check batch related parameters."), "refused")
+    fails(capsys, checks.check_batch_triple(right, None), "no verdict from DeepSpeed")
+    fails(capsys, checks.check_batch_triple(untouched), "NotImplementedError")
+    fails(capsys, checks.check_batch_triple(None), "`batch_triple` is not set")
+
+
+def test_batch_triple_answer_is_what_deepspeed_accepts(monkeypatch):
+    """Every triple the check wants passes DeepSpeed's own config class; the case without one fails it."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from scaledl.workshop.checks.lesson_08 import _TRIPLE_CASES
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *args, **kwargs: 0)
+    for global_batch, world_size, largest in _TRIPLE_CASES:
+        want = checks.batch_triple_answer(global_batch, world_size, largest)
+        if want is None:
+            with pytest.raises(AssertionError):
+                DeepSpeedConfig({"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": 1},
+                                mpu=_WorldOf(world_size))
+            continue
+        resolved = DeepSpeedConfig(dict(want), mpu=_WorldOf(world_size))
+        assert resolved.train_micro_batch_size_per_gpu <= largest
 
 
 CNN = [6_000, 400, 200_000, 500, 1_000, 10]  # gradient sizes far under one bucket, as this lesson's CNN

@@ -198,3 +198,67 @@ def check_ddp_buckets(predict) -> bool:
         return _verdict(False, f"{case}: you made [{_shown(got)}], DDP makes [{_shown(want)}]: {hint}")
     return _verdict(True, f"all {len(cases)} models bucketed as DDP buckets them: last layer first, each bucket "
                           "closed once it reaches its cap, the first one 1 MiB by default")
+
+
+def _recorded_bytes(recorded) -> list[int] | None:
+    """DDP's record of its buckets' bytes (`rebuilt_bucket_sizes`: "3216936, 297984", or a list), as ints."""
+    if recorded is None:
+        return None
+    parts = recorded.split(",") if isinstance(recorded, str) else list(recorded)
+    try:
+        return [int(part) for part in parts if str(part).strip()]
+    except (TypeError, ValueError):
+        return None
+
+
+def check_bucket_record(predict, model, bucket_cap_mb, recorded, events_by_rank, device_type: str = "cpu") -> bool:
+    """Lesson 6, on the live ranks: `predict(model, bucket_cap_mb)` (Exercise 2) against what DDP did with
+    that model.  `recorded` is DDP's own record of its buckets' bytes after the rebuild
+    (`_get_ddp_logging_data()["rebuilt_bucket_sizes"]`), in bucket index order, the order DDP launches
+    their all-reduces; `events_by_rank` holds each rank's `scaledl.workshop.traces.ddp_events` rows of one
+    profiled backward.  It passes when the predicted buckets carry DDP's bytes, bucket by bucket; every
+    rank made one all-reduce per bucket; the last bucket's all-reduce (the first layers' gradients)
+    started only after the last backward op had ended; and, where the profile's backward ops and
+    all-reduces share the host's clock (`device_type` "cpu"), the first one (the last layers') started
+    while backward was still running.  These are what 2 CPU cores show exactly: bytes and order, not
+    how long anything took."""
+    if predict is None:
+        return _unfinished("predict_buckets")
+    got = _attempt("predict_buckets", "the timeline's model", lambda: [list(b) for b in predict(model, bucket_cap_mb)])
+    if got is _FAILED:
+        return False
+    want = _recorded_bytes(recorded)
+    if not want or not events_by_rank or any(events is None for events in events_by_rank):
+        return _verdict(False, "no record of DDP's buckets from every rank: run the profiled backward above first")
+    sizes = {name: param.numel() * param.element_size() for name, param in model.named_parameters()}
+    unknown = [name for bucket in got for name in bucket if name not in sizes]
+    if unknown:
+        return _verdict(False, f"predict_buckets names {unknown[0]!r}, which is not a parameter of the model: "
+                               "use the names model.named_parameters() gives")
+    predicted = [sum(sizes[name] for name in bucket) for bucket in got]
+    if predicted != want:
+        shown = ", ".join(f"{n:,}" for n in predicted)
+        hint = ("the same buckets in the opposite order: DDP's first bucket holds the gradients ready first, "
+                "the last layers'" if predicted == want[::-1] else
+                "Exercise 2's check names the rule your buckets break: make it pass first")
+        return _verdict(False, f"your buckets carry {shown} bytes, DDP recorded {', '.join(f'{n:,}' for n in want)}: "
+                               f"{hint}")
+    for rank, events in enumerate(events_by_rank):
+        ops = [(start, end) for row, _, start, end in events if row == "backward"]
+        reductions = sorted((start, end) for row, _, start, end in events if row == "all-reduce")
+        if not ops or len(reductions) != len(want):
+            return _verdict(False, f"rank {rank} made {len(reductions)} all-reduce(s) in the profiled backward, "
+                                   f"DDP recorded {len(want)} buckets: profile a backward after the first two "
+                                   "(DDP rebuilds its buckets after the first)")
+        backward_end = max(end for _, end in ops)
+        if reductions[-1][0] < backward_end:
+            return _verdict(False, f"rank {rank}: the last bucket's all-reduce started before backward's last op "
+                                   "ended: its gradients (the first layer's) cannot exist yet; profile the whole "
+                                   "backward, with the all-reduces still in flight")
+        if device_type == "cpu" and len(want) > 1 and reductions[0][0] >= backward_end:
+            return _verdict(False, f"rank {rank}: the first bucket's all-reduce started only after backward ended: "
+                                   "DDP starts a bucket as soon as its gradients are ready")
+    during = " the first during backward," if device_type == "cpu" and len(want) > 1 else ""
+    return _verdict(True, f"your {len(want)} bucket(s) carry DDP's {', '.join(f'{n:,}' for n in want)} bytes, and "
+                          f"on all {len(events_by_rank)} ranks the all-reduces went out last layers first:{during} "
+                          "the last one after backward's last op")

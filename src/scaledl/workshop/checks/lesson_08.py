@@ -91,56 +91,87 @@ def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_s
                           f"world_size {world_size}{said}, and nothing is clipped")
 
 
-def accumulation_plan(micro_steps: int, accumulation_steps: int, zero_stage: int) -> tuple[int, int]:
-    """(backward passes that reduce gradients, optimizer steps) of a DeepSpeed engine over
-    `micro_steps` micro steps: the optimizer steps at each full window's end; stages 0-1 reduce in
-    that window's last backward only, stages 2-3 in every backward (engine.py, allreduce_gradients)."""
-    steps = micro_steps // accumulation_steps
-    return (micro_steps if zero_stage >= 2 else steps), steps
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-# (micro steps, accumulation steps, ZeRO stage): a window that divides, one that does not, stage 2's
-# every-backward reduction, and no accumulation at all.
-_PLAN_CASES = [(12, 4, 0), (7, 3, 1), (7, 3, 2), (5, 1, 0), (8, 4, 3)]
+def batch_triple_answer(global_batch_size: int, world_size: int, max_micro_batch: int) -> dict | None:
+    """The three batch numbers DeepSpeed accepts for `global_batch_size` samples per optimizer step on
+    `world_size` ranks, with the fewest accumulation steps: the largest micro batch of at most
+    `max_micro_batch` samples that divides a rank's share exactly.  None when no three numbers exist (the
+    global batch is not a multiple of world_size: `_batch_assertion` wants train = micro x accumulation x
+    world_size)."""
+    if global_batch_size % world_size:
+        return None
+    share = global_batch_size // world_size
+    micro = max(m for m in range(1, min(share, max_micro_batch) + 1) if share % m == 0)
+    return dict(zip(_BATCH_KEYS, (global_batch_size, micro, share // micro)))
 
 
-def check_accumulation_plan(plan, measured: tuple | None = None) -> bool:
-    """`plan(micro_steps, accumulation_steps, zero_stage) -> (reducing backwards, optimizer steps)`
-    against DeepSpeed's engine; with `measured = (micro_steps, accumulation_steps, zero_stage,
-    reducing backwards, optimizer steps)` from the live ranks, against what they did too."""
-    if plan is None:
-        return _unfinished("plan")
-    cases = [*_PLAN_CASES, *([measured[:3]] if measured else [])]
-    for micro_steps, accumulation, stage in cases:
-        case = f"{micro_steps} micro steps, gradient_accumulation_steps {accumulation}, ZeRO stage {stage}"
-        got = _attempt("plan", case, lambda: tuple(int(value) for value in plan(micro_steps, accumulation, stage)))
-        if got is _FAILED:
-            return False
-        want = accumulation_plan(micro_steps, accumulation, stage)
-        if got == want:
-            continue
-        reductions, steps = got
-        if steps != want[1]:
-            hint = ("the optimizer steps once per full window; a window left unfinished has not stepped yet"
-                    if steps in (-(-micro_steps // accumulation), micro_steps / accumulation) else
-                    "engine.step() is called every micro step but applies the optimizer only at a window's end"
-                    if steps == micro_steps else "count the full windows")
-        elif stage < 2:
-            hint = ("at stages 0-1 the engine reduces only in a window's last backward: the others accumulate "
-                    "locally" if reductions == micro_steps else "one reduction per full window, in its last backward")
-        else:
-            hint = ("from stage 2 on every backward reduces: each rank keeps only its part of the gradients, so it "
-                    "cannot accumulate the whole of them")
-        return _verdict(False, f"{case}: you said {reductions} reducing backwards and {steps} optimizer steps, "
-                               f"DeepSpeed makes {want[0]} and {want[1]}: {hint}")
-    said = f"all {len(cases)} cases as DeepSpeed's engine counts them"
-    if measured:
-        micro_steps, accumulation, stage, reductions, steps = measured
-        if (reductions, steps) != accumulation_plan(micro_steps, accumulation, stage):
-            return _verdict(False, f"{said}, but the live ranks did {reductions} and {steps} in {micro_steps} micro "
-                                   "steps: rerun the measurement cell")
-        said += f", and as the live ranks did ({reductions} reducing backwards, {steps} optimizer steps)"
-    return _verdict(True, said)
+# (global batch, world_size, the largest micro batch that fits): a share per rank that the largest micro
+# batch divides; shares it does not divide, where the first guess (the fewest windows that hold the share,
+# ceil(share / max), then share // that) is refused; a share smaller than the limit; a prime share; and a
+# global batch that no world_size split makes whole.
+_TRIPLE_CASES = [(48, 2, 8), (100, 4, 8), (42, 2, 4), (96, 4, 32), (26, 2, 8), (512, 8, 16), (50, 4, 8)]
+_NOT_GIVEN = object()
+
+
+def check_batch_triple(batch_triple, live=_NOT_GIVEN) -> bool:
+    """`batch_triple(global_batch_size, world_size, max_micro_batch)` -> a dict of DeepSpeed's three batch
+    keys, against `batch_triple_answer` (DeepSpeed's rules: `deepspeed_batch`); ValueError where no triple
+    exists.  `live`, when given, is DeepSpeed's own verdict on the learner's triple on the live ranks
+    ("accepted: ..." or "refused: <DeepSpeedConfig's assertion>"), None where that cell did not run."""
+    import numbers
+
+    if batch_triple is None:
+        return _unfinished("batch_triple")
+    for global_batch, world_size, largest in _TRIPLE_CASES:
+        case = f"a global batch of {global_batch} on {world_size} ranks, at most {largest} samples a forward"
+        want = batch_triple_answer(global_batch, world_size, largest)
+        try:
+            got = batch_triple(global_batch, world_size, largest)
+        except NotImplementedError:
+            return _verdict(False, "batch_triple still raises NotImplementedError: finish the exercise cell")
+        except ValueError as error:
+            if want is None:
+                continue
+            return _verdict(False, f"{case}: batch_triple raised ValueError ({error}), but "
+                                   f"{want['train_micro_batch_size_per_gpu']} x "
+                                   f"{want['gradient_accumulation_steps']} x {world_size} makes it")
+        except Exception as error:  # a learner's error, reported in one line
+            return _verdict(False, f"{case}: batch_triple raised {type(error).__name__}: "
+                                   f"{(str(error).splitlines() or [''])[0]}")
+        if want is None:
+            return _verdict(False, f"{case}: you returned {got!r}, but {global_batch} samples do not split evenly "
+                                   f"over {world_size} ranks, and DeepSpeed refuses every such config "
+                                   "(train = micro x accumulation x world_size): raise ValueError")
+        if not isinstance(got, dict):
+            return _verdict(False, f"{case}: batch_triple returned {type(got).__name__}: return a dict of the "
+                                   "config's batch keys")
+        config = {key: int(value) if isinstance(value, numbers.Integral) else value for key, value in got.items()}
+        share = global_batch // world_size
+        try:
+            train, micro, accumulation = deepspeed_batch(config, world_size)
+        except ValueError as error:
+            return _verdict(False, f"{case}: DeepSpeed would refuse {config}: {error}; the micro batch must divide "
+                                   f"each rank's share, {global_batch} / {world_size} = {share}, exactly")
+        if train != global_batch:
+            return _verdict(False, f"{case}: that config trains a global batch of {train}: train_batch_size is "
+                                   f"every sample of one optimizer step on all ranks, {global_batch}")
+        if micro > largest:
+            return _verdict(False, f"{case}: a micro batch of {micro} does not fit; at most {largest} samples go "
+                                   "through one forward")
+        if accumulation != want["gradient_accumulation_steps"]:
+            return _verdict(False, f"{case}: DeepSpeed accepts {micro} x {accumulation} x {world_size}, but a micro "
+                                   f"batch of {want['train_micro_batch_size_per_gpu']} fits and divides the share of "
+                                   f"{share}: {want['gradient_accumulation_steps']} accumulation steps, the fewest")
+    said = f"all {len(_TRIPLE_CASES)} cases as DeepSpeed resolves them, the fewest accumulation steps in each"
+    if live is _NOT_GIVEN:
+        return _verdict(True, said)
+    if not isinstance(live, str):
+        return _verdict(False, f"{said}, but no verdict from DeepSpeed on the live ranks: run the cell above")
+    if not live.startswith("accepted"):
+        return _verdict(False, f"{said}, but DeepSpeed on the live ranks {live}")
+    return _verdict(True, f"{said}; DeepSpeed on the live ranks {live}")
 
 
 def check_window_prediction(predicted, measured, grad_bytes: int, world_size: int, accumulation_steps: int) -> bool:
