@@ -168,7 +168,7 @@ def test_every_question_has_an_answer_in_the_solution_only(path):
 FIGURES = {"01_why_scale": 2, "02_single_device": 1, "03_collectives": 2, "04_horovod_tf": 1, "05_horovod_torch": 1,
            "06_ddp": 2,
            "07_scaling": 2, "08_deepspeed": 1, "09_zero_fsdp": 1, "10_memory": 2, "11_pipelines": 3,
-           "12_tensor_parallel": 2, "13_sequences": 2, "14_layouts": 1}
+           "12_tensor_parallel": 2, "13_sequences": 2, "14_layouts": 2}
 
 
 @pytest.mark.parametrize("stem, count", FIGURES.items())

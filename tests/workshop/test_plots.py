@@ -302,3 +302,22 @@ def test_data_parallel_step_draws_each_rank_and_one_average(world_size):
 def test_data_parallel_step_needs_two_ranks():
     with pytest.raises(ValueError, match="at least 2 ranks"):
         plots.data_parallel_step(1)
+
+
+def test_layout_parts_stack_to_each_layouts_predicted_step():
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    rows = choose.layouts(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512)[:5]
+    rows.append(choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
+                                4, 2, 2, 1, "none", 1))  # every part present: bubble, tp, pp and dp
+    fig = plots.layout_parts(rows)
+    ax = fig.axes[0]
+    for y, row in enumerate(rows):
+        bars = [patch for patch in ax.patches if abs(patch.get_y() + patch.get_height() / 2 - y) < 1e-9]
+        assert len(bars) == 5
+        assert sum(bar.get_width() for bar in bars) == pytest.approx(row["step_s"], rel=1e-9)
+        assert [bar.get_width() > 0 for bar in bars] == [True, row["pp"] > 1, row["tp"] > 1, row["pp"] > 1,
+                                                        row["dp"] > 1]
+    assert [label.get_text() for label in ax.get_legend().get_texts()] == [
+        "compute", "bubble", "tp all-reduces", "pp sends", "dp communication"]

@@ -82,8 +82,10 @@ def params_per_rank(width: int, depth: int, seq_len: int, tp: int, pp: int,
 
 def activation_bytes(seq_len: int, micro_batch_size: int, width: int, blocks: int, heads: int, recompute: str,
                      precision: str, tp: int) -> float:
-    """One micro batch's activations on a stage of `blocks` blocks (with the head), split over tp."""
-    whole = activations.model_bytes(seq_len, micro_batch_size, width, blocks, heads, recompute, precision=precision)
+    """One micro batch's activations on a stage of `blocks` blocks (with the head), split over tp.  The state
+    above keeps 16-bit weights (DeepSpeed's bf16), so the forward makes no autocast copies of them."""
+    whole = activations.model_bytes(seq_len, micro_batch_size, width, blocks, heads, recompute, precision=precision,
+                                    weight_copies=False)
     if tp == 1:
         return whole
     fp32 = activations.block_bytes(seq_len, micro_batch_size, width, heads, recompute)

@@ -682,3 +682,32 @@ def memory_stack(bars: dict, limit_bytes: float | None = None, limit_label: str 
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, frameon=False)
     return fig
+
+
+def layout_parts(rows: list[dict], title: str = ""):
+    """The predicted step of each layout (`scaledl.perf.choose.evaluate`'s rows) as a stacked bar of its parts:
+    compute, the pipeline's bubble, tensor parallelism's all-reduces, the pipeline's sends and data parallelism's
+    exposed communication, with each layout's memory per rank at the bar's end."""
+    parts = []
+    for row in rows:
+        stretched = row["step_s"] - row["tp_s"] - row["pp_s"] - row["dp_s"]  # compute / (1 - bubble)
+        parts.append({"compute": stretched * (1 - row["bubble"]), "bubble": stretched * row["bubble"],
+                      "tp all-reduces": row["tp_s"], "pp sends": row["pp_s"], "dp communication": row["dp_s"]})
+    colors = {"compute": "#9ecae1", "bubble": "#d9d9d9", "tp all-reduces": "#fdae6b", "pp sends": "#a1d99b",
+              "dp communication": "#bcbddc"}
+    fig, ax = _figure(9, 1.4 + 0.45 * len(rows))
+    labels = [f"dp {r['dp']} tp {r['tp']} pp {r['pp']} ZeRO-{r['zero']} {r['recompute']} b{r['micro_batch_size']}"
+              for r in rows]
+    for y, part in enumerate(parts):
+        left = 0.0
+        for name, seconds in part.items():
+            ax.barh(y, seconds, left=left, color=colors[name], edgecolor="black", linewidth=0.4,
+                    label=name if y == 0 else None)
+            left += seconds
+        ax.text(left, y, f"  {left:.2f} s, {rows[y]['memory_gib']:.1f} GiB", va="center", fontsize=8)
+    ax.set(yticks=range(len(rows)), yticklabels=labels, xlabel="predicted step (s)",
+           title=title or "each layout's step, part by part (fastest at the top)")
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.25 * max(r["step_s"] for r in rows))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (1.4 + 0.45 * len(rows)) - 0.1), ncol=5)
+    return fig

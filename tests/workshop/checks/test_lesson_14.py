@@ -9,24 +9,46 @@ def layout(**changes):
     return {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch_size": 1, **changes}
 
 
+def step_of(layout):
+    """The chooser's predicted step of `layout`: what a learner's sum of the parts comes to."""
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    return choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
+                           *(layout[key] for key in ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")))[
+        "step_s"]
+
+
+def check(layout, step_s="right"):
+    return checks.check_layout(layout, step_of(layout) if step_s == "right" else step_s)
+
+
 def test_layout(capsys):
-    assert checks.check_layout(layout())
+    assert check(layout())
     assert "within 5% of the fastest that fits" in verdict(capsys)
-    assert checks.check_layout(layout(dp=8, pp=2, zero=0))  # the predictor's fastest
+    assert check(layout(dp=8, pp=2, zero=0))  # the predictor's fastest
     verdict(capsys)
-    fails(capsys, checks.check_layout(None), "not set")
-    fails(capsys, checks.check_layout({"dp": 16}), "must be a dict with the keys")
-    fails(capsys, checks.check_layout(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
-    fails(capsys, checks.check_layout(layout(recompute="full")), "adds a third to the compute")
-    fails(capsys, checks.check_layout(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
-    fails(capsys, checks.check_layout(layout(dp=2, tp=8)), "stays inside a node")
-    fails(capsys, checks.check_layout(layout(dp=8, pp=2, zero=3)), "refuses ZeRO-2 and ZeRO-3")
-    fails(capsys, checks.check_layout(layout(dp=8)), "must use the 16 ranks")
-    fails(capsys, checks.check_layout(layout(dp=1, tp=4, pp=4, zero=1)), "nothing to partition")
-    fails(capsys, checks.check_layout(layout(dp=16, pp=1, tp=1, micro_batch_size=3)), "equal parts")
-    fails(capsys, checks.check_layout(layout(dp=16 // 3 * 3, tp=1, pp=1)), "must use the 16 ranks")
-    fails(capsys, checks.check_layout(layout(recompute="selective")), "recompute is one of")
-    fails(capsys, checks.check_layout(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1")), "whole numbers")
+    # The step summed by hand, within 2%: compute alone (8.0 s of 8.28) is not enough for ZeRO-1 on 16 ranks.
+    assert checks.check_layout(layout(), step_of(layout()) * 1.019)
+    verdict(capsys)
+    fails(capsys, checks.check_layout(layout(), 7.993), "`layout_step_s` is not within 2%")
+    fails(capsys, checks.check_layout(layout(), "8.28"), "`layout_step_s` is not within 2%")
+    fails(capsys, checks.check_layout(layout(), None), "`layout_step_s` is not set")
+    fails(capsys, checks.check_layout(None, 1.0), "`layout` is not set")
+    fails(capsys, check({"dp": 16}, 1.0), "must be a dict with the keys")
+    fails(capsys, check(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
+    # A slow layout is named slow only once its step is right: each one tried costs its arithmetic.
+    fails(capsys, check(layout(recompute="full"), 1.0), "`layout_step_s` is not within 2%")
+    fails(capsys, check(layout(recompute="full")), "adds a third to the compute")
+    fails(capsys, check(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
+    fails(capsys, check(layout(dp=2, tp=8), 1.0), "stays inside a node")
+    fails(capsys, check(layout(dp=8, pp=2, zero=3), 1.0), "refuses ZeRO-2 and ZeRO-3")
+    fails(capsys, check(layout(dp=8), 1.0), "must use the 16 ranks")
+    fails(capsys, check(layout(dp=1, tp=4, pp=4, zero=1), 1.0), "nothing to partition")
+    fails(capsys, check(layout(dp=16, pp=1, tp=1, micro_batch_size=3), 1.0), "equal parts")
+    fails(capsys, check(layout(dp=16 // 3 * 3, tp=1, pp=1), 1.0), "must use the 16 ranks")
+    fails(capsys, check(layout(recompute="selective"), 1.0), "recompute is one of")
+    fails(capsys, check(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1"), 1.0), "whole numbers")
 
 
 # ---------------------------------------------------------------- the fastest layout here

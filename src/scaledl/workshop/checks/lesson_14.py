@@ -51,17 +51,21 @@ def check_memory_per_rank(memory_gib, preset: str = "gpt3-2.7b", system: str = "
                           f"{high:.0f} GiB a rank")
 
 
-def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
-                 global_batch_size: int = 512, within: float = 0.05) -> bool:
+def check_layout(layout, step_s, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                 global_batch_size: int = 512, within: float = 0.05, step_within: float = 0.02) -> bool:
     """The capstone: `layout`, a dict of LAYOUT_KEYS for the language model at `preset`'s size on `nodes`
     of `system` at `global_batch_size` sequences a step, must be one the machine and DeepSpeed allow,
     fit in a device (scaledl.perf.choose's memory per rank) and be predicted within `within` of the
-    fastest layout that fits."""
+    fastest layout that fits.  `step_s`, the learner's own prediction of the layout's step from its
+    parts, must be within `step_within` of the chooser's before the verdict on speed says anything: so
+    each layout tried costs its arithmetic, and the check is not a search."""
     from scaledl import models
     from scaledl.perf import choose, predict
 
     if layout is None:
         return _unfinished("layout")
+    if step_s is None:
+        return _unfinished("layout_step_s")
     if not isinstance(layout, dict) or set(LAYOUT_KEYS) - set(layout):
         return _verdict(False, f"`layout` must be a dict with the keys {', '.join(LAYOUT_KEYS)}")
     dp, tp, pp, zero, recompute, micro = (layout[key] for key in LAYOUT_KEYS)
@@ -77,6 +81,11 @@ def check_layout(layout, preset: str = "gpt3-2.7b", system: str = "polaris", nod
         return _verdict(False, f"it needs {row['memory_gib']:.1f} GiB a rank, more than {limit:.0f} GiB (90% of the "
                                f"{device.name}'s): shard the state (a higher ZeRO stage), recompute, split the layers "
                                "or use smaller micro batches")
+    if not isinstance(step_s, (int, float)) or not abs(step_s - row["step_s"]) <= step_within * row["step_s"]:
+        return _verdict(False, f"your layout fits ({row['memory_gib']:.1f} GiB a rank), but `layout_step_s` is not "
+                               f"within {step_within:.0%} of its predicted step: add up its parts as the table above "
+                               "does (compute at the MFU, the bubble, tp's all-reduces, pp's sends, dp's exposed "
+                               "communication), each for this layout")
     best = choose.layouts(sizes, machine, device, nodes, global_batch_size)[0]
     named = ", ".join(f"{key} {best[key]}" for key in LAYOUT_KEYS)
     if row["step_s"] > (1 + within) * best["step_s"]:
