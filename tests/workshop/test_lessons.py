@@ -264,7 +264,7 @@ def test_the_polaris_recipe_in_the_lesson_is_the_generators(stem):
 
 # A term is defined where the path first meets it (lessons 0, 2 and 3); after that a lesson's first use may link the
 # glossary instead of defining it again.
-GLOSSARY_LINK = r"\]\(\.\./notebooks/GLOSSARY\.md"
+GLOSSARY_LINK = r"\(\.\./notebooks/GLOSSARY\.md"
 TERMS = {"rung": re.compile(r"\*\*rung\*\*|a rung is|\[rungs?\]" + GLOSSARY_LINK, re.I),
          "%%px": re.compile(r"`%%px`")}
 
