@@ -34,12 +34,26 @@ def test_binding_prediction_check(capsys):
                enumerate(sorted(gpu_nodes.items(), key=lambda item: item[1]))}  # rank r: the GPU on NUMA node r
     assert checks.check_binding_prediction(unusual, placements, gpu_nodes)
     verdict(capsys)
+    # A failure names the wrong rank and what to read, never the right value: retrying does not pass it.
+    def no_answer(line, rank):
+        right_gpu, right_node = right[rank]
+        assert f"GPU {right_gpu}" not in line and f"NUMA node {right_node}" not in line, line
+
     # The guess most people make first: rank r on GPU r, on NUMA node r.
-    fails(capsys, checks.check_binding_prediction({r: (r, r) for r in range(4)}, placements, gpu_nodes),
-          "local rank 0 does not drive GPU 0", "cuda:<local_rank>", "NUMA node 3")
+    line = fails(capsys, checks.check_binding_prediction({r: (r, r) for r in range(4)}, placements, gpu_nodes),
+                 "local rank 0 does not drive GPU 0", "cuda:<local_rank>", "CUDA_VISIBLE_DEVICES")
+    no_answer(line, 0)
+    assert "NUMA node 3" not in line  # GPU 0's: the table gives it, the check does not
+    # Another wrong GPU, on the right NUMA node.
+    line = fails(capsys, checks.check_binding_prediction({0: (3, 0), 1: (0, 1), 2: (1, 2), 3: (0, 3)}, placements,
+                                                         gpu_nodes), "local rank 1 does not drive GPU 0",
+                 "CUDA_VISIBLE_DEVICES to for local rank 1")
+    no_answer(line, 1)
     # The right GPUs, each given the NUMA node of its number.
-    fails(capsys, checks.check_binding_prediction({r: (3 - r, 3 - r) for r in range(4)}, placements, gpu_nodes),
-          "GPU 3 sits on NUMA node 0, not 3")
+    line = fails(capsys, checks.check_binding_prediction({r: (3 - r, 3 - r) for r in range(4)}, placements,
+                                                         gpu_nodes), "local rank 0: GPU 3 is right, NUMA node 3 is not",
+                 "row of the table")
+    assert "NUMA node 0" not in line
     # Off by one: 4 - r.
     fails(capsys, checks.check_binding_prediction({r: (4 - r, r) for r in range(4)}, placements, gpu_nodes),
           "does not drive GPU 4", "GPUs 0-3")

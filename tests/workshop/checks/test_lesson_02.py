@@ -237,38 +237,48 @@ def test_stopwatch_cases_tell_the_slips_from_the_right_reading():
                    for case in lesson_02._STOPWATCH_CASES), wrong.__name__
 
 
-def predict_step_s(flops, batch_size, new_batch_size, throughput):
-    """The lesson's solution: the FLOPs grow with the batch; the time at the matmul's rate with them."""
-    return flops * new_batch_size / batch_size / throughput
+def predict_ratio(measured_s, predicted_s, batch_size, new_batch_size):
+    """The lesson's solution: the floor grows with the batch, the rest of the step stays the same."""
+    floor = predicted_s * new_batch_size / batch_size
+    return (floor + measured_s - predicted_s) / floor
 
 
 def test_step_prediction(capsys):
-    assert checks.check_step_prediction(predict_step_s)
+    assert checks.check_step_prediction(predict_ratio)
     assert verdict(capsys).startswith("PASS: all 3 cases")
-    # Unusual but right: per sample first, in milliseconds converted back, NumPy numbers.
+    # Unusual but right: the excess as a ratio, scaled down by the batch's growth, in NumPy numbers.
     import numpy as np
 
-    def per_sample(flops, batch_size, new_batch_size, throughput):
-        per_sample_ms = np.float64(flops) / batch_size / throughput * 1e3
-        return per_sample_ms * np.int64(new_batch_size) / 1e3
-    assert checks.check_step_prediction(per_sample)
+    def excess_shrinks(measured_s, predicted_s, batch_size, new_batch_size):
+        return 1 + (np.float64(measured_s) / predicted_s - 1) * np.int64(batch_size) / new_batch_size
+    assert checks.check_step_prediction(excess_shrinks)
     verdict(capsys)
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f / t), "grow with the batch")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * b / n / t), "not against it")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * n / t), "not one sample's")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: 3 * f * n / b / t), "already counts forward")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * n / b / t * 1e3), "milliseconds")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: n / (f * n / b / t)), "samples per second")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: f * n / b * t), "divide the FLOPs by it")
-    fails(capsys, checks.check_step_prediction(lambda f, b, n, t: None), "returned None")
+
+    def k(b, n):
+        return n / b
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: m / p), "the ratio at batch_size")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: (p * k(b, n) + m - p) / p), "divide by the floor")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: m / (p * k(b, n))), "the floor's part")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: p * k(b, n) + m - p), "the step's seconds")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: p * k(b, n) / (p * k(b, n) + m - p)),
+          "predicted over measured")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: (m - p) / (p * k(b, n))), "the rest over the floor")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: (p / k(b, n) + m - p) / (p / k(b, n))),
+          "not against it")
+    # The rest grown with the batch as well: a ratio that never moves, the first slip again.
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: (m * k(b, n)) / (p * k(b, n))), "grew with the batch")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: 2.0), "carry each to the new batch")
+    fails(capsys, checks.check_step_prediction(lambda m, p, b, n: None), "returned None")
     fails(capsys, checks.check_step_prediction(untouched), "NotImplementedError")
-    fails(capsys, checks.check_step_prediction(None), "`predict_step_s` is not set")
+    fails(capsys, checks.check_step_prediction(None), "`predict_ratio` is not set")
 
 
 def test_step_cases_tell_the_slips_apart():
-    """In every case the right answer is none of the slips' values, so the check can name each slip."""
-    for flops, batch, new, throughput in lesson_02._STEP_CASES:
-        want = flops * new / batch / throughput
-        for wrong in (flops / throughput, flops * batch / new / throughput, flops * new / throughput, 3 * want,
-                      want * 1e3, new / want):
-            assert not math.isclose(wrong, want, rel_tol=1e-3)
+    """In every case the right answer is none of the slips' values, and the slips differ from each other, so the
+    check can name each slip."""
+    for case in lesson_02._STEP_CASES:
+        want = predict_ratio(*case)
+        values = [value for value, _ in lesson_02._ratio_slips(*case)]
+        for value in values:
+            assert not math.isclose(value, want, rel_tol=1e-3)
+        assert all(not math.isclose(a, b, rel_tol=1e-3) for i, a in enumerate(values) for b in values[i + 1:])

@@ -83,17 +83,19 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
         except (TypeError, ValueError):
             return _verdict(False, f"prediction[{p.local_rank}] = {prediction[p.local_rank]!r}: write (GPU number, "
                                    "NUMA node), e.g. (2, 1)")
+        # A failure names the rank and what to read, never the right value: retrying cannot stand in for reading.
         if gpu != want_gpu:
             if gpu == p.local_rank:
-                hint = (f"that is cuda:<local_rank>; GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, "
-                        f"and local rank {p.local_rank}'s cores are on NUMA node {p.cpu_nodes[0]}")
+                hint = ("that is cuda:<local_rank>, the GPU as the rank sees it, not its number on the node: work out "
+                        f"what the wrapper sets CUDA_VISIBLE_DEVICES to for local rank {p.local_rank}")
             elif 0 <= gpu < len(order):
-                hint = f"GPU {gpu} sits on NUMA node {list(gpu_nodes.values())[gpu]}, not next to its cores"
+                hint = f"work out what the wrapper sets CUDA_VISIBLE_DEVICES to for local rank {p.local_rank}"
             else:
                 hint = f"this node has GPUs 0-{len(order) - 1}"
             return _verdict(False, f"local rank {p.local_rank} does not drive GPU {gpu}: {hint}")
         if node != want_node:
-            return _verdict(False, f"GPU {gpu} sits on NUMA node {want_node}, not {node}: a GPU's NUMA node is its "
-                                   "PCI root's, not its number (here the order is reversed)")
+            return _verdict(False, f"local rank {p.local_rank}: GPU {gpu} is right, NUMA node {node} is not: read "
+                                   "that GPU's row of the table above (a GPU's NUMA node is its PCI root's, not its "
+                                   "number)")
     mapping = ", ".join(f"{p.local_rank}->GPU {order.index(p.gpu)}" for p in placements)
     return _verdict(True, f"every local rank drives the GPU on its own NUMA node ({mapping}), all local")

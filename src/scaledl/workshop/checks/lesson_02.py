@@ -216,43 +216,49 @@ def check_stopwatch_prediction(predict) -> bool:
                           "launches; with it, the queue drains first; the warm-up stays outside the clock")
 
 
-# (flops of one step at batch_size, batch_size, new_batch_size, throughput FLOP/s): a larger batch and a smaller
-# one, so that a prediction scaled the wrong way differs, and ratios that are not 2 or 1/2.
-_STEP_CASES = [(0.45e9, 64, 256, 180e9), (3e9, 128, 32, 20e9), (1e12, 16, 48, 15e12)]
+# (measured seconds of one step at batch_size, its FLOP floor in seconds, batch_size, new_batch_size): larger
+# batches and a smaller one, with ratios that are not 2 or 1/2, so that each slip lands on a value of its own.
+_STEP_CASES = [(0.012, 0.003, 32, 128), (0.03, 0.01, 128, 32), (0.9, 0.6, 16, 48)]
+
+
+def _ratio_slips(measured_s, predicted_s, batch_size, new_batch_size) -> list:
+    """(value, what went wrong) for the slips a learner plausibly makes predicting the ratio at new_batch_size."""
+    k = new_batch_size / batch_size
+    floor, rest = predicted_s * k, measured_s - predicted_s
+    return [(measured_s / predicted_s, "that is the ratio at batch_size, as if the rest grew with the batch too: the "
+                                       "hypothesis keeps it the same per step"),
+            ((floor + rest) / predicted_s, "divide by the floor at new_batch_size: it grew with the batch"),
+            (measured_s / floor, "the floor's part of the step grows too: only the rest stays the same"),
+            (floor + rest, "that is the step's seconds at new_batch_size: return it over the floor there"),
+            (floor / (floor + rest), "that is predicted over measured: the ratio is measured over predicted"),
+            (rest / floor, "that is the rest over the floor: measured counts the floor too"),
+            ((predicted_s / k + rest) / (predicted_s / k), "the floor grows with the batch, not against it")]
 
 
 def check_step_prediction(predict) -> bool:
-    """`predict(flops, batch_size, new_batch_size, throughput) -> seconds`: a training step's time
-    at new_batch_size from the FLOPs counted at batch_size, at the matmul's throughput.  Every
-    product the step counts (convolutions, linear layers, forward and backward) has the batch as a
-    factor, so the FLOPs, and the floor on the time, grow in proportion to it."""
+    """`predict(measured_s, predicted_s, batch_size, new_batch_size) -> ratio`: measured over predicted
+    (the step's FLOP floor) at new_batch_size, on the hypothesis that the time outside the counted FLOPs
+    (measured minus floor) stays the same per step.  The floor grows in proportion to the batch (every
+    product a step counts has the batch as a factor), so the ratio is (floor * k + rest) / (floor * k)
+    with k = new_batch_size / batch_size.  A failure names the slip, not the learner's lesson values."""
     if predict is None:
-        return _unfinished("predict_step_s")
-    for flops, batch_size, new_batch_size, throughput in _STEP_CASES:
-        where = (f"{flops / 1e9:g} GFLOP at batch {batch_size}, predicted at batch {new_batch_size}, "
-                 f"{throughput / 1e9:g} GFLOP/s")
-        raw = _attempt("predict_step_s", where, lambda: predict(flops, batch_size, new_batch_size, throughput))
+        return _unfinished("predict_ratio")
+    for measured_s, predicted_s, batch_size, new_batch_size in _STEP_CASES:
+        where = (f"measured {measured_s * 1e3:g} ms, floor {predicted_s * 1e3:g} ms at batch {batch_size}, "
+                 f"predicted at batch {new_batch_size}")
+        raw = _attempt("predict_ratio", where, lambda: predict(measured_s, predicted_s, batch_size, new_batch_size))
         if raw is _FAILED:
             return False
         got = _number(raw)
         if not 0 < got < math.inf:
-            return _verdict(False, f"{where}: it returned {raw!r}: return seconds, a positive number")
-        ratio = new_batch_size / batch_size
-        want = flops * ratio / throughput
+            return _verdict(False, f"{where}: it returned {raw!r}: return the ratio, a positive number")
+        floor = predicted_s * new_batch_size / batch_size
+        want = (floor + measured_s - predicted_s) / floor
         if math.isclose(got, want, rel_tol=1e-6):
             continue
-        slips = [(flops / throughput, "that is the time at batch_size: a step's FLOPs grow with the batch (look at "
-                                      "the factors of the hand count)"),
-                 (flops / ratio / throughput, "the FLOPs grow in proportion to the batch, not against it"),
-                 (flops * new_batch_size / throughput, "`flops` is a whole step's count at batch_size, not one "
-                                                       "sample's"),
-                 (3 * want, "`flops` already counts forward and backward: no factor of 3 on top"),
-                 (want * 1e3, "that is in milliseconds: return seconds"),
-                 (new_batch_size / want, "that is samples per second: return the step's seconds"),
-                 (flops * ratio * throughput, "throughput is FLOP per second: divide the FLOPs by it"),
-                 (throughput / (flops * ratio), "that is steps per second: return seconds per step")]
-        hint = next((message for value, message in slips if math.isclose(got, value, rel_tol=1e-6)),
-                    "the FLOPs at new_batch_size, divided by the throughput")
-        return _verdict(False, f"{where}: {got:.4g} s, expected {want:.4g} s: {hint}")
-    return _verdict(True, f"all {len(_STEP_CASES)} cases: a step's FLOPs grow in proportion to the batch, and the "
-                          "time at the matmul's rate with them")
+        hint = next((message for value, message in _ratio_slips(measured_s, predicted_s, batch_size, new_batch_size)
+                     if math.isclose(got, value, rel_tol=1e-6)),
+                    "split the step into its floor and the rest, and carry each to the new batch")
+        return _verdict(False, f"{where}: {got:.4g}, expected {want:.4g}: {hint}")
+    return _verdict(True, f"all {len(_STEP_CASES)} cases: the floor grows with the batch, the rest stays, so the "
+                          "ratio moves toward 1 at a larger batch and away from it at a smaller one")
