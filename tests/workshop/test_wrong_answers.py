@@ -34,11 +34,13 @@ CASES = {
                      "op=hvd.Sum)", "summed over ranks"),
     "torch_model_only": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n", "",
                          "optimizer state"),
-    "torch_lr_scaled_twice": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)",
+    # The solution lines end in "\n": the markdown after the check names the same calls.
+    "torch_lr_scaled_twice": ("05_horovod_torch", "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n",
                               "hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
-                              "for group in optimizer.param_groups:\n    group['lr'] *= world_size",
+                              "for group in optimizer.param_groups:\n    group['lr'] *= world_size\n",
                               "differ from one process's steps"),
-    "torch_unnamed": ("05_horovod_torch", ", named_parameters=model.named_parameters())", ")", "allreduce.noname"),
+    "torch_unnamed": ("05_horovod_torch", ", named_parameters=model.named_parameters())\n", ")\n",
+                      "allreduce.noname"),
     "tp_without_all_reduce": ("12_tensor_parallel", "    tdist.all_reduce(partial)", "    pass",
                               "only its partial sum"),
     "stage2_one_backward": ("08_deepspeed", '{"all_reduces": accumulation_steps * calls, "bytes"',
