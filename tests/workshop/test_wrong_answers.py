@@ -1,4 +1,4 @@
-"""The live checks of lessons 3-5, 8, 10 and 12 FAIL on the wrong answers learners write, run for real: each
+"""The live checks of lessons 3-5, 8 and 11-13 FAIL on the wrong answers learners write, run for real: each
 case takes the solution notebook, puts one realistic mistake in place of the solution line,
 runs it on live ranks up to its checks, and reads the verdict."""
 import nbformat

@@ -44,7 +44,7 @@ def test_training_memory(capsys):
 def test_training_nodes(capsys):
     args = (7e9, 2e12, 312e12, 0.4, 30)  # 7,790 GPU-days: 259.7 A100s for 30 days, 64.9 nodes of 4
     assert checks.check_training_nodes(65, *args)
-    assert verdict(capsys) == "PASS: 65 nodes (260 GPUs) train in 30.0 days; 64 would take 30.4"
+    assert verdict(capsys) == "PASS: 65 nodes (260 GPUs) train in 30.0 days; 64 nodes (256 GPUs) would take 30.4"
     fails(capsys, checks.check_training_nodes(None, *args), "`nodes` is not set")
     fails(capsys, checks.check_training_nodes(64, *args), "30.4 days", "round up")  # int() or round()
     fails(capsys, checks.check_training_nodes(6 * 7e9 * 2e12 / (312e12 * 0.4 * 4) / 86400 / 30, *args),

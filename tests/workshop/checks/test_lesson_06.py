@@ -80,6 +80,22 @@ def test_accumulation_check(capsys):
     assert not checks.check_accumulation(None, 4)
 
 
+def test_wrap_prediction_check(capsys):
+    before, after = ["c24a29b5fafd", "e081c7c4da36"], ["c24a29b5fafd", "c24a29b5fafd"]
+    assert checks.check_wrap_prediction([before[0]] * 2, after, before)
+    assert "rank 0's weights" in verdict(capsys)
+    assert checks.check_wrap_prediction(("c24a29b5fafd0123", "c24a29b5fafd"), after, before)  # longer, a tuple
+    verdict(capsys)
+    fails(capsys, checks.check_wrap_prediction(before, after, before), "each rank keeps its own weights")
+    fails(capsys, checks.check_wrap_prediction([before[1]] * 2, after, before), "rank 1's weights")
+    fails(capsys, checks.check_wrap_prediction([before[0]], after, before), "1 fingerprint(s) for 2 ranks")
+    fails(capsys, checks.check_wrap_prediction(before[0], after, before), "give a list")
+    fails(capsys, checks.check_wrap_prediction(["abc", "abc"], after, before), "not what the ranks print")
+    fails(capsys, checks.check_wrap_prediction(None, after, before), "`after_wrap` is not set")
+    fails(capsys, checks.check_wrap_prediction(after, [after[0], None], before), "did not run on every rank")
+    fails(capsys, checks.check_wrap_prediction(after[:1], after[:1], before[:1]), "start 2 or more")
+
+
 def test_in_sync_check_needs_two_ranks(capsys):
     fails(capsys, checks.check_in_sync(["abc"]), "start 2 or more")
     assert checks.check_in_sync(["abc"] * 3)

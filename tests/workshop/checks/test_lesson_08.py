@@ -48,6 +48,29 @@ def test_deepspeed_config_check(capsys):
     assert not checks.check_deepspeed_config(None, world_size=2)  # untouched: from_ranks said FAIL
 
 
+def test_inferred_batch_check(capsys):
+    """Exercise 1 leaves train_batch_size out and predicts what DeepSpeed infers: the engines' own number."""
+    config = {key: value for key, value in GOOD.items() if key != "train_batch_size"}
+
+    def check(predicted, config=config, inferred=(48, 48)):
+        return checks.check_deepspeed_config([config] * 2, world_size=2, predicted=predicted,
+                                             inferred_by_rank=None if inferred is None else list(inferred))
+
+    assert check(48)
+    assert "DeepSpeed inferred train_batch_size 48 = micro batch 8 x accumulation 3 x world_size 2" in verdict(capsys)
+    assert check(48.0)
+    verdict(capsys)
+    fails(capsys, check(24), "24 is one rank's share")
+    fails(capsys, check(16), "16 is one micro batch a rank", "3 micro batches")
+    fails(capsys, check(8), "8 is one rank's micro batch")
+    fails(capsys, check(100), "not what DeepSpeed inferred")
+    fails(capsys, check(None), "`predicted_batch` is not set")
+    fails(capsys, check("48"), "give a number")
+    fails(capsys, check(48, config=GOOD), "leave \"train_batch_size\" out")
+    fails(capsys, check(48, inferred=(48, None)), "not built on every rank")
+    fails(capsys, check(48, config={**config, "gradient_clipping": 1.0}), "clips the gradient norm")
+
+
 def test_deepspeed_batch_resolves_like_deepspeed(monkeypatch):
     """DeepSpeed's own config class on the same configs, 2 ranks (its rank query answered without a
     process group, so that it asks the world size of `mpu`)."""

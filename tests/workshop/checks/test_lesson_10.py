@@ -1,6 +1,6 @@
-"""Lesson 10's checks (memory by part, activations, recomputation, flops per token): each passes the solution,
-FAILs on what an untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming
-the fix in one line."""
+"""Lesson 10's checks (activations, the state in bf16, recomputation and what selective keeps, flops per token):
+each passes the solution, FAILs on what an untouched exercise leaves, and FAILs on the wrong answers a learner
+plausibly writes, naming the fix in one line."""
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -9,20 +9,56 @@ from conftest import fails, untouched, verdict
 from scaledl.workshop import checks
 
 
-def state_bytes(num_params, optimizer):
-    return 4 * num_params * (2 + {"sgd": 1, "adam": 2}[optimizer])
+def bf16_state_bytes(framework, world_size, stage=0):
+    if framework == "ddp":
+        return {"params": 4, "grads": 4, "optimizer": 4}
+    if framework == "fsdp2":
+        return {"params": 4 / world_size, "grads": 4 / world_size, "optimizer": 4 / world_size}
+    share = lambda partitioned: 1 / world_size if partitioned else 1  # noqa: E731
+    return {"params": 2 * share(stage >= 3), "grads": 2 * share(stage >= 2), "optimizer": 8 * share(stage >= 1)}
 
 
-def test_state_bytes(capsys):
-    assert checks.check_state_bytes(state_bytes)
-    assert "12 bytes a parameter" in verdict(capsys)
-    fails(capsys, checks.check_state_bytes(None), "not set")
-    fails(capsys, checks.check_state_bytes(untouched), "NotImplementedError")
-    fails(capsys, checks.check_state_bytes(lambda n, o: 4 * n), "parameters alone")
-    fails(capsys, checks.check_state_bytes(lambda n, o: 8 * n), "missing")
-    fails(capsys, checks.check_state_bytes(lambda n, o: 16 * n if o == "sgd" else 16 * n), "one buffer")
-    fails(capsys, checks.check_state_bytes(lambda n, o: 3 * n if o == "sgd" else 4 * n), "values, not bytes")
-    fails(capsys, checks.check_state_bytes(lambda n, o: "lots"), "return a number of bytes")
+def changed(framework, key, value, stage=None):
+    """The solution with one part of one framework (at one DeepSpeed stage, or all) replaced by
+    `value(world_size, stage)`."""
+    def answer(name, world_size, s=0):
+        parts = bf16_state_bytes(name, world_size, s)
+        if name == framework and (stage is None or s == stage):
+            parts[key] = value(world_size, s)
+        return parts
+    return answer
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (changed("ddp", "params", lambda n, s: 2), "stay fp32"),
+    (changed("ddp", "params", lambda n, s: 6), "leave out autocast's 16-bit casts"),
+    (changed("ddp", "optimizer", lambda n, s: 8), "DDP keeps no separate master copy"),
+    (changed("ddp", "grads", lambda n, s: 4 / n), "DDP keeps the whole state on every rank"),
+    (changed("deepspeed", "params", lambda n, s: 4 / n if s >= 3 else 4), "in 16 bits: 2 bytes each"),
+    (changed("deepspeed", "optimizer", lambda n, s: 4 / n if s >= 1 else 4), "fp32 master copy of the weights"),
+    (changed("deepspeed", "grads", lambda n, s: 2 / n, stage=1), "during backward"),
+    (changed("deepspeed", "optimizer", lambda n, s: 8, stage=2), "ZeRO-2 partitions the optimizer"),
+    (changed("deepspeed", "params", lambda n, s: 2 / n, stage=2), "ZeRO-2 partitions only optimizer, grads"),
+    (changed("fsdp2", "params", lambda n, s: 2 / n), "FSDP2's shards stay fp32"),
+    (changed("fsdp2", "grads", lambda n, s: 2 / n), "reduce_dtype=fp32"),
+    (changed("fsdp2", "optimizer", lambda n, s: 8 / n), "FSDP2 keeps no separate master copy"),
+    (changed("fsdp2", "params", lambda n, s: 4), "FSDP2 shards weights"),
+])
+def test_bf16_state(capsys, wrong, phrase):
+    assert checks.check_bf16_state(bf16_state_bytes)
+    assert "2 + 2 + (4 + 4)" in verdict(capsys)
+    fails(capsys, checks.check_bf16_state(wrong), phrase)
+
+
+def test_bf16_state_unfinished_or_malformed(capsys):
+    fails(capsys, checks.check_bf16_state(None), "not set")
+    fails(capsys, checks.check_bf16_state(untouched), "NotImplementedError")
+    fails(capsys, checks.check_bf16_state(lambda f, n, s=0: 12), "return a dict")
+    # every framework at fp32's bytes: the master copy missed everywhere
+    fails(capsys, checks.check_bf16_state(lambda f, n, s=0: {"params": 4, "grads": 4, "optimizer": 4}),
+          "DeepSpeed ZeRO-0 on 4 ranks", "2 bytes each")
+    # a stage argument that DDP and FSDP2 are not given must not be required
+    fails(capsys, checks.check_bf16_state(lambda f, n, s: bf16_state_bytes(f, n, s)), "TypeError")
 
 
 def activation_bytes(seq_len, batch, width, heads, depth):
@@ -65,6 +101,29 @@ def test_recompute(capsys):
     # x detached on its way in: the weights get gradients, x none.
     fails(capsys, checks.check_recompute(lambda block, x: checkpoint(block, x.detach(), use_reentrant=False)),
           "backward did not reach x")
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (lambda h, a: 16 * h + 4 + a, "everything a block keeps"),
+    (lambda h, a: h, "full recomputation"),
+    (lambda h, a: 10 * h + a, "one h-wide tensor is missing"),
+    (lambda h, a: 11 * h, "log-sum-exp"),
+    (lambda h, a: 11 * h + a + 4, "statistics are recomputed"),
+    (lambda h, a: 7 * h + a, "4h values a token"),
+    (lambda h, a: 9 * h + a, "two h-wide tensors are missing"),
+    (lambda h, a: 4 * (11 * h + a), "that counts bytes"),
+    (lambda h, a: 12 * h + a, "list the outputs"),
+])
+def test_selective_values(capsys, wrong, phrase):
+    assert checks.check_selective_values(lambda h, a: 11 * h + a)
+    assert "11h + a" in verdict(capsys)
+    fails(capsys, checks.check_selective_values(wrong), phrase)
+
+
+def test_selective_values_unfinished(capsys):
+    fails(capsys, checks.check_selective_values(None), "not set")
+    fails(capsys, checks.check_selective_values(untouched), "NotImplementedError")
+    fails(capsys, checks.check_selective_values(lambda h, a: "lots"), "return a number")
 
 
 def flops_per_token(multiplying_params, depth, width, seq_len):

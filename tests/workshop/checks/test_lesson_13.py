@@ -14,24 +14,39 @@ from scaledl import context_parallel
 from scaledl.workshop import checks
 
 
-def sp_block_bytes(seq_len, batch, width, heads, tp):
-    return 4 * seq_len * batch * (2 * width + (14 * width + 4 + heads) / tp)
+def sp_block_bytes(seq_len, batch, width, heads, tp, sequence_parallel=True):
+    per_token = (2 * width + (14 * width + 4 + heads) / tp if sequence_parallel
+                 else 4 * width + 4 + (12 * width + heads) / tp)
+    return 4 * seq_len * batch * per_token
 
 
 def test_sp_block_bytes(capsys):
-    assert checks.check_sp_block_bytes(sp_block_bytes)
-    assert "norm regions cut by tokens" in verdict(capsys)
-    assert checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (2 * h + 14 * h / t))  # small terms left out
+    assert checks.check_sp_block_bytes(sp_block_bytes, 4)
+    assert "from tp=4 on sequence parallelism keeps 22% less" in verdict(capsys)
+    assert checks.check_sp_block_bytes(sp_block_bytes, 4, width=768, heads=12)  # GPT-2 small's block
+    verdict(capsys)
+    small_terms_out = lambda s, b, h, a, t, sp: 4 * s * b * (2 * h + 14 * h / t if sp else 4 * h + 12 * h / t)  # noqa: E731
+    assert checks.check_sp_block_bytes(small_terms_out, 4)
     verdict(capsys)
     fails(capsys, checks.check_sp_block_bytes(None), "not set")
     fails(capsys, checks.check_sp_block_bytes(untouched), "NotImplementedError")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (4 * h + 4 + (12 * h + a) / t)),
-          "tensor parallelism alone")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (16 * h + 4 + a) / t), "Megatron-LM")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: 4 * s * b * (16 * h + 4 + a)), "whole block")
+    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t, sp: sp_block_bytes(s, b, h, a, t, False)),
+          "sequence_parallel=True", "tensor parallelism alone")
+    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t, sp: sp_block_bytes(s, b, h, a, t, True)),
+          "sequence_parallel=False", "that is with sequence parallelism")
+    fails(capsys, checks.check_sp_block_bytes(
+        lambda s, b, h, a, t, sp: 4 * s * b * (16 * h + 4 + a) / t if sp else sp_block_bytes(s, b, h, a, t, False)),
+        "Megatron-LM")
+    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t, sp: 4 * s * b * (16 * h + 4 + a)), "whole block")
     fails(capsys, checks.check_sp_block_bytes(lambda *size: sp_block_bytes(*size) / 4), "4 bytes a value")
-    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t: s * b * h), "walk the block")
+    fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t, sp: s * b * h), "walk the block")
     fails(capsys, checks.check_sp_block_bytes(lambda *size: "lots"), "return a number of bytes")
+    # The tp that saves a fifth: unset, Megatron-LM's, one too few, a larger power of two, not a number.
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes), "`tp_for_a_fifth` is not set")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 2), "Megatron-LM's count")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 3), "saves 17.0%, less than a fifth")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 8), "a smaller tp already saves a fifth")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 0.2), "a whole number of ranks")
 
 
 def blocks(world_size, tokens=8, seed=0):

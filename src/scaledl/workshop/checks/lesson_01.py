@@ -69,7 +69,8 @@ def check_training_nodes(nodes, num_params: float, num_tokens: float, peak_flops
     exact = node_days / target_days
     want = math.ceil(exact - 1e-9)
     if got == want:
-        fewer = f"; {want - 1} would take {node_days / (want - 1):.1f}" if want > 1 else ""
+        fewer = (f"; {want - 1} nodes ({(want - 1) * gpus_per_node} GPUs) would take {node_days / (want - 1):.1f}"
+                 if want > 1 else "")
         return _verdict(True, f"{want} nodes ({want * gpus_per_node} GPUs) train in {node_days / want:.1f} days"
                               f"{fewer}")
     if math.isclose(got, exact, rel_tol=1e-6):

@@ -25,6 +25,34 @@ def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
     return _verdict(False, f"rank {differing[0]} holds different parameters than rank 0: {_IN_SYNC_FIXES[framework]}")
 
 
+def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list) -> bool:
+    """Exercise 1b: the weights' fingerprints the ranks print right after `DDP(model)`, predicted from the ones
+    they printed before.  DDP's constructor broadcasts rank 0's parameters (and buffers), so every rank then
+    holds rank 0's: `[before_by_rank[0]] * world_size`."""
+    if predicted is None:
+        return _unfinished("after_wrap")
+    if wrapped_by_rank is None or any(f is None for f in wrapped_by_rank):
+        return _verdict(False, "the wrap cell did not run on every rank: run it, then this check")
+    if len(wrapped_by_rank) < 2:  # one rank agrees with itself whatever DDP does
+        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
+    if isinstance(predicted, str) or not hasattr(predicted, "__len__"):
+        return _verdict(False, f"`after_wrap` is {predicted!r}: give a list, one fingerprint a rank, in rank order")
+    predicted = [str(f)[:12] for f in predicted]
+    wrapped, before = [str(f)[:12] for f in wrapped_by_rank], [str(f)[:12] for f in before_by_rank]
+    if len(predicted) != len(wrapped):
+        return _verdict(False, f"{len(predicted)} fingerprint(s) for {len(wrapped)} ranks: give one a rank")
+    if predicted == wrapped:
+        return _verdict(True, f"right after the wrap every rank holds rank 0's weights ({wrapped[0]}): DDP's "
+                              "constructor broadcast them, so that every copy starts equal")
+    if predicted == before:
+        return _verdict(False, "in your list each rank keeps its own weights: the copies would then train apart; "
+                               "what does DDP's constructor send so that they start equal?")
+    if len(set(predicted)) == 1 and predicted[0] in before:
+        return _verdict(False, f"every rank holds rank {before.index(predicted[0])}'s weights in your list: "
+                               "which rank's does the constructor broadcast?")
+    return _verdict(False, "your list is not what the ranks print: each fingerprint after the wrap is one of "
+                           "those printed before it")
+
 
 # (local rank, GPUs the process can see, what the case is, the device it must compute on)
 _RANK_DEVICE_CASES = [

@@ -47,9 +47,12 @@ def deepspeed_batch(config: dict, world_size: int) -> tuple[int, int, int]:
 
 
 def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_size: int = 8,
-                           accumulation_steps: int = 3) -> bool:
+                           accumulation_steps: int = 3, predicted=None, inferred_by_rank: list | None = None) -> bool:
     """A config DeepSpeed accepts (any of the three batch numbers may be left for it to infer:
     `deepspeed_batch`) whose batch is the one the exercise asks for, with clipping off.
+
+    Given `inferred_by_rank` (each rank's `engine.train_batch_size()`), the exercise leaves
+    `train_batch_size` out and `predicted` is the learner's number for what DeepSpeed infers.
 
     The exercise runs on 2 or more ranks with an accumulation that differs from the world size,
     so a global batch that leaves out the ranks and one that leaves out the accumulation come to
@@ -64,6 +67,9 @@ def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_s
     config = configs_by_rank[0]
     if not isinstance(config, dict):
         return _verdict(False, f"ds_config is {type(config).__name__}: write the config as a dict")
+    if inferred_by_rank is not None and "train_batch_size" in config:
+        return _verdict(False, "leave \"train_batch_size\" out of the config: the exercise asks what DeepSpeed "
+                               "infers for it")
     try:
         train, micro, accumulation = deepspeed_batch(config, world_size)
     except ValueError as error:
@@ -84,11 +90,37 @@ def check_deepspeed_config(configs_by_rank: list, world_size: int, micro_batch_s
     if isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping > 0:
         return _verdict(False, f"\"gradient_clipping\" is {clipping!r}: DeepSpeed clips the gradient norm to that; "
                                "the other rungs do not clip, so set 0")
+    if inferred_by_rank is not None:
+        return _inferred_verdict(predicted, inferred_by_rank, train, micro, accumulation, world_size)
     inferred = [name for name in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                   "gradient_accumulation_steps") if name not in config]
     said = f" (DeepSpeed infers {', '.join(inferred)})" if inferred else ""
     return _verdict(True, f"global batch {train} = micro batch {micro} x accumulation {accumulation} x "
                           f"world_size {world_size}{said}, and nothing is clipped")
+
+
+def _inferred_verdict(predicted, inferred_by_rank: list, train: int, micro: int, accumulation: int,
+                      world_size: int) -> bool:
+    """The learner's `predicted_batch` against the train_batch_size the engines resolved."""
+    if predicted is None:
+        return _unfinished("predicted_batch")
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        return _verdict(False, f"`predicted_batch` is {predicted!r}: give a number of samples")
+    if not inferred_by_rank or any(value is None for value in inferred_by_rank):
+        return _verdict(False, "the engine was not built on every rank: run the exercise cell to the end")
+    inferred = inferred_by_rank[0]
+    if predicted == inferred:
+        return _verdict(True, f"DeepSpeed inferred train_batch_size {inferred} = micro batch {micro} x accumulation "
+                              f"{accumulation} x world_size {world_size}, as you predicted, and nothing is clipped")
+    if predicted == micro * accumulation:
+        why = "one rank's share of a step: the global batch counts every rank's micro batches"
+    elif predicted == micro * world_size:
+        why = f"one micro batch a rank: a step takes {accumulation} micro batches on each rank"
+    elif predicted == micro:
+        why = "one rank's micro batch: the global batch is every sample of one optimizer step, on all ranks"
+    else:
+        why = "not what DeepSpeed inferred: count the samples of one optimizer step, on all ranks"
+    return _verdict(False, f"`predicted_batch` {predicted:g} is {why}")
 
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")

@@ -1,62 +1,118 @@
-"""Lesson 10's checks: a training step's memory by part, predicted and then counted on a live model;
-recomputation written by hand; and the model flops per token that MFU divides by."""
+"""Lesson 10's checks: a language model's activations and its state in bf16, predicted and then counted;
+recomputation written by hand, and what selective recomputation keeps; and the model flops per token that MFU
+divides by."""
 from __future__ import annotations
 
 import math
 
-from scaledl import activations, models, report
+from scaledl import activations, models
 from scaledl.workshop.checks.common import _attempt, _FAILED, _number, _unfinished, _verdict
 
-# (num_params is counted from the model) a small model, each optimizer after one step.
-_OPTIMIZERS = ("sgd", "adam")
 # (seq_len, batch, width, heads, depth): the lesson's language model, small enough to count in a second.
 _ACTIVATION_CASES = ((32, 4, 64, 4, 3), (64, 2, 96, 6, 2))
 _FLOPS_CASES = ((64, 2, 4, 32), (128, 4, 8, 128), (768, 12, 12, 1024))  # width, depth, heads, seq_len
 
 
-def _live_state_bytes(optimizer_name: str) -> tuple[int, int]:
-    """(parameters, bytes of parameters, gradients and optimizer states) of a small model after one
-    step of `optimizer_name`, counted from its tensors (scaledl.report.model_state_bytes)."""
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer_name == "sgd"
-                 else torch.optim.Adam(model.parameters(), lr=1e-3))
-    torch.nn.functional.cross_entropy(model(torch.randn(8, 32)), torch.randint(0, 10, (8,))).backward()
-    optimizer.step()
-    return sum(p.numel() for p in model.parameters()), report.model_state_bytes(model, optimizer)
+_PARTS = ("params", "grads", "optimizer")
+_FRAMEWORKS = {"ddp": "DDP with autocast", "deepspeed": "DeepSpeed", "fsdp2": "FSDP2"}
+_PARTITIONED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
 
 
-def check_state_bytes(state_bytes) -> bool:
-    """`state_bytes(num_params, optimizer) -> bytes`: what fp32 training keeps per rank without sharding:
-    the parameters, their gradients, and the optimizer's states ("sgd": SGD with momentum, as the rungs
-    train; "adam": Adam), checked against the bytes counted on a model after one step of each."""
-    if state_bytes is None:
-        return _unfinished("state_bytes")
-    for name in _OPTIMIZERS:
-        num_params, counted = _live_state_bytes(name)
-        where = f"{num_params:,} parameters, {name}"
-        got = _number("state_bytes", where, lambda: state_bytes(num_params, name))
-        if got is _FAILED:
-            return False
-        if math.isclose(got, counted, rel_tol=1e-9):
-            continue
-        per_param = got / num_params
-        states = {"sgd": 1, "adam": 2}[name]
-        slips = {4 * (1 + states): "the gradients are missing: backward keeps one per parameter, 4 bytes each",
-                 8.0: "one part is missing: parameters, gradients and the optimizer's states, 4 bytes each",
-                 4.0: "that is the parameters alone: training keeps their gradients and the optimizer's states too",
-                 16.0 if name == "sgd" else 12.0: ("SGD with momentum keeps one buffer a parameter, Adam two (its "
-                                                   "first and second moments)"),
-                 (4 * (2 + states)) / 4: "that counts values, not bytes: fp32 is 4 bytes a value",
-                 (4 * (2 + states)) * 8: "that counts bits, not bytes"}
-        hint = next((text for value, text in slips.items() if math.isclose(per_param, value, rel_tol=1e-6)),
-                    "count 4 bytes for each parameter, each gradient and each optimizer state")
-        return _verdict(False, f"{where}: {got:,.0f} bytes ({per_param:g} a parameter), counted {counted:,} "
-                               f"({counted / num_params:g} a parameter): {hint}")
-    return _verdict(True, "parameters, gradients and optimizer states, 4 bytes each: 12 bytes a parameter with "
-                          "SGD's momentum, 16 with Adam's two moments, as counted on a live model")
+def _bf16_state_want(framework: str, world_size: int, stage: int) -> dict:
+    """Bytes a rank keeps per parameter of the model under bf16 with SGD and momentum, from
+    `scaledl.zero_memory` (tests/test_zero_memory.py holds DeepSpeed's and FSDP2's to live tensors):
+    DDP with autocast steps its fp32 weights (fp32's stage 0); DeepSpeed keeps 16-bit weights and
+    gradients and an fp32 master copy beside the momentum, partitioned by stage as the paper counts
+    (stage 1's gradients whole); FSDP2's fp32 shards are the master copy."""
+    from scaledl import zero_memory
+
+    model = 10**6 * world_size  # a count every world size divides: no rounding
+    if framework == "ddp":
+        counted = zero_memory.predict(model, world_size, 0, precision="fp32")
+    elif framework == "fsdp2":
+        counted = zero_memory.predict_fsdp(model, world_size)
+    else:
+        counted = zero_memory.predict(model, world_size, stage, precision="bf16")
+    return {key: counted[key] / model for key in _PARTS}
+
+
+def _bf16_state_slip(framework: str, world_size: int, stage: int, key: str, got: float, want: float) -> str:
+    """What a wrong part most likely means, in one line."""
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-6)  # noqa: E731
+    share = 1 if framework == "ddp" or (framework == "deepspeed" and key not in _PARTITIONED[stage]) \
+        else 1 / world_size
+    if framework == "ddp":
+        if close(got, want / world_size):
+            return "DDP keeps the whole state on every rank: nothing is divided"
+        if key == "params" and close(got, 6):
+            return ("leave out autocast's 16-bit casts: they live through forward and backward only, and the count "
+                    "above put them with the activations")
+        if key in ("params", "grads") and close(got, 2):
+            return ("autocast casts each layer's weights to 16 bits as it runs; the weights and their gradients stay "
+                    "fp32, 4 bytes: the weights are the master copy the optimizer steps")
+        if key == "optimizer" and close(got, 8):
+            return "DDP keeps no separate master copy: its fp32 weights are it, and the momentum alone is 4 bytes"
+    if framework == "deepspeed":
+        if key in ("params", "grads") and close(got, 4 * share):
+            return "DeepSpeed's bf16 keeps the weights and their gradients themselves in 16 bits: 2 bytes each"
+        if key == "optimizer" and close(got, 4 * share):
+            return ("the momentum alone is not all: the optimizer steps an fp32 master copy of the weights (4 bytes) "
+                    "beside the momentum (4)")
+        if key == "optimizer" and close(got, 6 * share):
+            return "the momentum stays fp32 (4 bytes), beside the fp32 master copy (4)"
+        if key == "grads" and stage == 1 and close(got, want / world_size):
+            return ("count as lesson 9's Exercise 1 does, during backward: stage 1 holds every gradient whole until "
+                    "backward ends")
+        if key in _PARTITIONED[stage] and close(got, want * world_size):
+            first = min(s for s in _PARTITIONED if key in _PARTITIONED[s])
+            return f"ZeRO-{stage} partitions the {key} (from stage {first} on): divide them by world_size"
+        if key not in _PARTITIONED[stage] and close(got, want / world_size):
+            kept = ", ".join(_PARTITIONED[stage]) or "nothing"
+            return f"ZeRO-{stage} partitions only {kept}: every rank keeps all the {key}"
+    if framework == "fsdp2":
+        if close(got, want * world_size):
+            return "FSDP2 shards weights, gradients and optimizer states alike: divide by world_size"
+        if key == "params" and close(got, 2 / world_size):
+            return "FSDP2's shards stay fp32, 4 bytes: they are the master copy; only the gathered layer is 16-bit"
+        if key == "grads" and close(got, 2 / world_size):
+            return "reduce_dtype=fp32: the gradients are reduce-scattered into fp32 shards, 4 bytes"
+        if key == "optimizer" and close(got, 8 / world_size):
+            return "FSDP2 keeps no separate master copy: its fp32 shards are it, and the momentum alone is 4 bytes"
+    if close(got, 8 * want):
+        return "that counts bits, not bytes"
+    return "ask where the fp32 master copy lives, and which parts are 16-bit, in this framework"
+
+
+def check_bf16_state(bf16_state_bytes) -> bool:
+    """`bf16_state_bytes(framework, world_size, stage=0) -> {"params", "grads", "optimizer"}`: the bytes a
+    rank keeps per parameter of the model in bf16 with SGD and momentum, for "ddp" (with autocast),
+    "deepspeed" (at ZeRO `stage`, stage 1's gradients counted whole as during backward) and "fsdp2"
+    (MixedPrecisionPolicy with bf16 parameters and fp32 reduction), checked part by part on 4 and 8
+    ranks against `scaledl.zero_memory`."""
+    if bf16_state_bytes is None:
+        return _unfinished("bf16_state_bytes")
+    cases = [("ddp", 0), *(("deepspeed", stage) for stage in range(4)), ("fsdp2", 0)]
+    for world_size in (4, 8):
+        for framework, stage in cases:
+            label = f"{_FRAMEWORKS[framework]}{f' ZeRO-{stage}' if framework == 'deepspeed' else ''}"
+            where = f"{label} on {world_size} ranks"
+            args = (framework, world_size, stage) if framework == "deepspeed" else (framework, world_size)
+            got = _attempt("bf16_state_bytes", where, lambda: bf16_state_bytes(*args))
+            if got is _FAILED:
+                return False
+            if not isinstance(got, dict) or not set(_PARTS) <= set(got) or not all(
+                    isinstance(got[key], (int, float)) and not isinstance(got[key], bool) for key in _PARTS):
+                return _verdict(False, f"{where}: return a dict with the bytes per parameter of \"params\", "
+                                       f"\"grads\" and \"optimizer\", got {got!r}")
+            want = _bf16_state_want(framework, world_size, stage)
+            for key in _PARTS:
+                if math.isclose(got[key], want[key], rel_tol=1e-6):
+                    continue
+                hint = _bf16_state_slip(framework, world_size, stage, key, got[key], want[key])
+                return _verdict(False, f"{where}: {key} {got[key]:g} bytes per parameter: {hint}")
+    return _verdict(True, "bf16 with SGD and momentum, per parameter, part by part on 4 and 8 ranks: DDP with autocast "
+                          "4 + 4 + 4 on every rank (its fp32 weights are the master copy); DeepSpeed 2 + 2 + (4 + 4), "
+                          "partitioned by stage; FSDP2 (4 + 4 + 4)/N, its fp32 shards the master copy")
 
 
 def check_activation_prediction(activation_bytes) -> bool:
@@ -152,6 +208,63 @@ def check_recompute(recompute_block) -> bool:
                                "block is recomputed; checkpoint the whole block")
     return _verdict(True, f"the same output and gradients as block(x), keeping nothing but the input ({everything:,} "
                           "bytes recomputed in backward instead)")
+
+
+# (seq_len, batch, width, heads): blocks small enough to count in a second.
+_SELECTIVE_CASES = ((32, 2, 64, 4), (16, 2, 96, 6))
+
+
+def _one_selective_block_bytes(seq_len: int, batch: int, width: int, heads: int) -> int:
+    """Bytes one block keeps under --recompute selective, counted live: the language model with two
+    blocks less the same with one (the second block's input is the first's output, created in the
+    forward, so it counts, as it does in the model)."""
+    import torch
+
+    held = []
+    for depth in (1, 2):
+        torch.manual_seed(0)
+        model = models.gpt(width, depth, heads, seq_len, recompute="selective")
+        tokens = torch.randint(0, models.VOCAB_SIZE, (batch, seq_len), generator=torch.Generator().manual_seed(1))
+        held.append(activations.held_by_forward(model, tokens)[0])
+    return held[1] - held[0]
+
+
+def check_selective_values(selective_values) -> bool:
+    """`selective_values(width, heads) -> values`: what one block keeps for its backward under
+    `--recompute selective`, in values per token (s*b of them), checked against the bytes a live
+    block keeps (4 bytes a value, fp32) at two sizes."""
+    if selective_values is None:
+        return _unfinished("selective_values")
+    for seq_len, batch, width, heads in _SELECTIVE_CASES:
+        where = f"width {width}, {heads} heads"
+        got = _attempt("selective_values", where, lambda: selective_values(width, heads))
+        if got is _FAILED:
+            return False
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+            return _verdict(False, f"{where}: selective_values returned {got!r}: return a number of values a token")
+        counted = _one_selective_block_bytes(seq_len, batch, width, heads) / (4 * seq_len * batch)
+        if math.isclose(got, counted, rel_tol=1e-9):
+            continue
+        h, a = width, heads
+        slips = [(16 * h + 4 + a, "that is everything a block keeps: selective runs the norms and GELU again, so "
+                                  "their inputs and statistics are not kept"),
+                 (h, "that is full recomputation, the block's input alone: selective keeps the products' outputs"),
+                 (counted - h, "one h-wide tensor is missing: the block's input (the recomputed norm starts from "
+                               "it) or one linear layer's output"),
+                 (counted - a, "attention's log-sum-exp, one value per head and token, is kept with its output"),
+                 (counted + 4, "the norms' statistics are recomputed with the norms, not kept"),
+                 (counted - 4 * h, "the MLP's first layer writes 4h values a token: its output is kept"),
+                 (counted - 2 * h, "two h-wide tensors are missing: the block's input, attention's output and "
+                                   "every linear layer's output are kept, the output projection's and the MLP's "
+                                   "last layer's too"),
+                 (4 * counted, "that counts bytes: the question asks for values (4 bytes each in fp32)")]
+        hint = next((text for value, text in slips if math.isclose(got, value, rel_tol=1e-9)),
+                    "list the outputs of the block's matrix products and of attention, h or 4h wide, and the "
+                    "block's input")
+        return _verdict(False, f"{where}: {got:g} values a token, counted {counted:g}: {hint}")
+    return _verdict(True, "selective keeps 11h + a values a token per block, as counted live: the input, q, k and v, "
+                          "attention's output and log-sum-exp, the output projection's and the MLP's two outputs "
+                          "(4h and h)")
 
 
 def check_flops_per_token(flops_per_token) -> bool:

@@ -8,38 +8,84 @@ from scaledl.workshop.checks.common import _FAILED, _number, _unfinished, _verdi
 SP_CASES = [(32, 8, 64, 4, 2), (1024, 4, 768, 12, 4), (2048, 1, 4096, 32, 8), (96, 3, 96, 6, 3)]
 
 
-def check_sp_block_bytes(sp_block_bytes) -> bool:
-    """`sp_block_bytes(seq_len, batch, width, heads, tp)`: the fp32 bytes one block leaves for its
-    backward on one of tp ranks under sequence parallelism, as DTensor's plan keeps them
-    (scaledl.activations): 4 * s*b * (2h + (14h + 4 + a)/tp)."""
+def _saving(width: int, heads: int, tp: int) -> float:
+    """The fraction of a block's bytes that sequence parallelism saves over tensor parallelism alone on tp ranks
+    (PyTorch's plan; the tokens cancel)."""
+    return 1 - (activations.block_bytes(1, 1, width, heads, tp=tp, sequence_parallel=True)
+                / activations.block_bytes(1, 1, width, heads, tp=tp))
+
+
+def _smallest_tp(width: int, heads: int, saving: float = 0.2, megatron: bool = False) -> int:
+    """The smallest tp at which sequence parallelism keeps at least `saving` less (Megatron-LM's count: every
+    tensor over tp)."""
+    for tp in range(1, 1025):
+        sequence = (activations.block_bytes(1, 1, width, heads) / tp if megatron
+                    else activations.block_bytes(1, 1, width, heads, tp=tp, sequence_parallel=True))
+        if sequence <= (1 - saving) * activations.block_bytes(1, 1, width, heads, tp=tp):
+            return tp
+    raise ValueError(f"no tp up to 1024 saves {saving:.0%}")
+
+
+def _block_hint(found: float, seq_len: int, batch: int, width: int, heads: int, tp: int, sequence_parallel: bool):
+    """The usual slip a wrong byte count comes from, or None."""
+    other = activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=not sequence_parallel)
+    whole = activations.block_bytes(seq_len, batch, width, heads)
+    right = activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=sequence_parallel)
+    wrong = {
+        other: ("that is tensor parallelism alone: sequence parallelism also cuts the block's input, the sum after "
+                "attention and the norms' statistics by tokens (2h + 4 values a token, over tp)") if sequence_parallel
+        else ("that is with sequence parallelism: tensor parallelism alone keeps the block's input, the sum after "
+              "attention and the norms' statistics whole on every rank"),
+        whole / tp: ("that is every tensor over tp, Megatron-LM's count, which all-gathers the norms' outputs again "
+                     "in backward; DTensor's column-wise layers keep the gathered, whole-sequence copies (2h a token)")
+        if sequence_parallel else "that is every tensor over tp: the norms and the residual stream stay whole",
+        whole: "that is the whole block on one rank: split q, k, v, attention's output and the MLP's tensors over "
+               "the tp ranks",
+        right / 4: "that counts values: fp32 takes 4 bytes a value",
+    }
+    return next((why for value, why in wrong.items() if abs(found - value) <= 0.02 * value), None)
+
+
+def check_sp_block_bytes(sp_block_bytes, tp_for_a_fifth=None, width: int = 64, heads: int = 4) -> bool:
+    """`sp_block_bytes(seq_len, batch, width, heads, tp, sequence_parallel)`: the fp32 bytes one block leaves for
+    its backward on one of tp ranks, under sequence parallelism as DTensor's plan keeps them,
+    4 * s*b * (2h + (14h + 4 + a)/tp), or under tensor parallelism alone, 4 * s*b * (4h + 4 + (12h + a)/tp)
+    (scaledl.activations); and `tp_for_a_fifth`, the smallest tp at which the first is at most 80% of the second
+    for a block of `width` and `heads`."""
     if sp_block_bytes is None:
         return _unfinished("sp_block_bytes")
-    for seq_len, batch, width, heads, tp in SP_CASES:
-        case = f"seq_len={seq_len}, batch={batch}, width={width}, heads={heads}, tp={tp}"
-        found = _number("sp_block_bytes", case, lambda: sp_block_bytes(seq_len, batch, width, heads, tp))
-        if found is _FAILED:
-            return False
-        expected = activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=True)
-        if abs(found - expected) <= 0.02 * expected:  # the small terms (statistics, log-sum-exp) may go
-            continue
-        wrong = {
-            activations.block_bytes(seq_len, batch, width, heads, tp=tp):
-                "that is tensor parallelism alone: sequence parallelism also cuts the block's input, the sum after "
-                "attention and the norms' statistics by tokens (2h + 4 values a token, over tp)",
-            activations.block_bytes(seq_len, batch, width, heads) / tp:
-                "that is every tensor over tp, Megatron-LM's count, which all-gathers the norms' outputs again in "
-                "backward; DTensor's column-wise layers keep the gathered, whole-sequence copies (2h a token)",
-            activations.block_bytes(seq_len, batch, width, heads):
-                "that is the whole block on one rank: split q, k, v, attention's output and the MLP's tensors over "
-                "the tp ranks",
-            activations.block_bytes(seq_len, batch, width, heads, tp=tp, sequence_parallel=True) / 4:
-                "that counts values: fp32 takes 4 bytes a value",
-        }
-        hint = next((why for value, why in wrong.items() if abs(found - value) <= 0.02 * value),
-                    "walk the block: what is whole on each rank, what is split by heads, what by tokens")
-        return _verdict(False, f"{case}: got {found:.0f}, expected {expected:.0f} bytes: {hint}")
-    return _verdict(True, "sequence parallelism's bytes per rank (within 2%): the norm regions cut by tokens, the "
-                          "gathered inputs of the column-wise layers whole, the rest cut by heads")
+    for seq_len, batch, size, size_heads, tp in SP_CASES:
+        for sequence_parallel in (True, False):
+            case = (f"seq_len={seq_len}, batch={batch}, width={size}, heads={size_heads}, tp={tp}, "
+                    f"sequence_parallel={sequence_parallel}")
+            found = _number("sp_block_bytes", case,
+                            lambda: sp_block_bytes(seq_len, batch, size, size_heads, tp, sequence_parallel))
+            if found is _FAILED:
+                return False
+            expected = activations.block_bytes(seq_len, batch, size, size_heads, tp=tp,
+                                               sequence_parallel=sequence_parallel)
+            if abs(found - expected) <= 0.02 * expected:  # the small terms (statistics, log-sum-exp) may go
+                continue
+            hint = (_block_hint(found, seq_len, batch, size, size_heads, tp, sequence_parallel)
+                    or "walk the block: what is whole on each rank, what is split by heads, what by tokens")
+            return _verdict(False, f"{case}: got {found:.0f}, expected {expected:.0f} bytes: {hint}")
+    if tp_for_a_fifth is None:
+        return _unfinished("tp_for_a_fifth")
+    if isinstance(tp_for_a_fifth, bool) or not isinstance(tp_for_a_fifth, int) or tp_for_a_fifth < 1:
+        return _verdict(False, f"`tp_for_a_fifth` is {tp_for_a_fifth!r}: give a whole number of ranks")
+    want = _smallest_tp(width, heads)
+    if tp_for_a_fifth != want:
+        got = _saving(width, heads, tp_for_a_fifth)
+        if tp_for_a_fifth == _smallest_tp(width, heads, megatron=True):
+            why = "that is where Megatron-LM's count saves a fifth; PyTorch's plan keeps the gathered inputs whole"
+        elif got < 0.2:
+            why = f"at tp={tp_for_a_fifth} sequence parallelism saves {got:.1%}, less than a fifth"
+        else:
+            why = f"tp={tp_for_a_fifth} saves {got:.1%}, but a smaller tp already saves a fifth"
+        return _verdict(False, f"`tp_for_a_fifth` is {tp_for_a_fifth}: {why}")
+    return _verdict(True, f"both plans' bytes per rank (within 2%), and from tp={want} on sequence parallelism keeps "
+                          f"{_saving(width, heads, want):.0%} less: the norm regions cut by tokens, the gathered "
+                          "inputs of the column-wise layers whole, the rest cut by heads")
 
 
 def _attention(q, k, v, mask=None):
