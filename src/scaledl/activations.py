@@ -97,12 +97,11 @@ def block_bytes(seq_len: int, batch: int, width: int, heads: int, recompute: str
 
 def model_bytes(seq_len: int, batch: int, width: int, depth: int, heads: int, recompute: str = "none",
                 bytes_per_value: int = 4, precision: str = "fp32", vocab_size: int = VOCAB_SIZE, tp: int = 1,
-                sequence_parallel: bool = False, weight_copies: bool = True) -> float:
+                sequence_parallel: bool = False) -> float:
     """Bytes the language model (`scaledl.models.gpt`) holds after its forward: its blocks, its
     head's LayerNorm input and statistics and linear layer's input, and the position ids; under
-    autocast, also the 16-bit copies of the linear layers' weights and biases (`weight_copies`: a
-    model whose weights are already 16-bit, as DeepSpeed's bf16 keeps them, makes none).  Split over
-    `tp` ranks, the head stays whole on each (sequence parallelism all-gathers its input)."""
+    autocast, also the 16-bit copies of the linear layers' weights and biases.  Split over `tp`
+    ranks, the head stays whole on each (sequence parallelism all-gathers its input)."""
     _check(recompute, precision)
     tokens = seq_len * batch
     positions = 8 * seq_len  # the position ids (int64); the token ids are the input
@@ -110,7 +109,7 @@ def model_bytes(seq_len: int, batch: int, width: int, depth: int, heads: int, re
                                  sequence_parallel)
     if precision == "fp32":
         return blocks + bytes_per_value * tokens * (2 * width + 2) + positions
-    casts = 2 * (depth * (12 * width * width + 9 * width) + width * vocab_size + vocab_size) if weight_copies else 0
+    casts = 2 * (depth * (12 * width * width + 9 * width) + width * vocab_size + vocab_size)
     return blocks + tokens * (6 * width + 8) + casts + positions
 
 

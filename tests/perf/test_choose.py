@@ -39,19 +39,19 @@ def test_a_layouts_memory_is_the_state_and_the_activations_the_lessons_derive():
                             micro_batch_size=2)
     num_params = models.gpt_num_params(BIG["width"], BIG["depth"], BIG["seq_len"])
     state = 16 * num_params  # bf16 weights and gradients, fp32 master, Adam's two moments: DDP keeps all of it
-    # The weights are bf16 already (DeepSpeed's bf16): no autocast copies of them beside the activations.
-    held = activations.model_bytes(BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"], precision="bf16",
-                                   weight_copies=False)
-    copies = 2 * (BIG["depth"] * (12 * BIG["width"] ** 2 + 9 * BIG["width"]) + (BIG["width"] + 1) * models.VOCAB_SIZE)
-    assert activations.model_bytes(BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"],
-                                   precision="bf16") == held + copies
+    # DeepSpeed's bf16 runs the model in bf16, not under autocast: every value kept is 2 bytes, the fp32 count halved,
+    # where autocast would keep the residual stream in fp32 and 16-bit copies of the weights besides.
+    held = activations.model_bytes(BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"], bytes_per_value=2)
+    positions = 8 * BIG["seq_len"]  # the position ids, int64 at any precision
+    fp32 = activations.model_bytes(BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"])
+    assert fp32 - positions == 2 * (held - positions)
+    assert held < activations.model_bytes(BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"], precision="bf16")
     assert plain["memory_gib"] * 2**30 == pytest.approx(state + held, rel=1e-9)
     assert not plain["fits"]  # lesson 11: DDP with Adam does not fit a 40 GB A100
     sharded = choose.evaluate(BIG, predict.POLARIS, device, 1, 8, dp=4, tp=1, pp=1, stage=3, recompute="full",
                               micro_batch_size=2)
     expected = zero_memory.predict(num_params, 4, 3, 2, 2, 12)["total"] + activations.model_bytes(
-        BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"], "full", precision="bf16",
-        weight_copies=False)
+        BIG["seq_len"], 2, BIG["width"], BIG["depth"], BIG["heads"], "full", bytes_per_value=2)
     assert sharded["memory_gib"] * 2**30 == pytest.approx(expected, rel=1e-9) and sharded["fits"]
     # Split over 4 tensor-parallel ranks: a quarter of the split layers' weights, the rest whole.
     split = choose.params_per_rank(BIG["width"], BIG["depth"], BIG["seq_len"], tp=4, pp=1)

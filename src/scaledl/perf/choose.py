@@ -14,9 +14,9 @@ Memory per rank, mixed precision (bf16 weights and gradients) with Adam, the mos
   parameter), partitioned over dp as the ZeRO stage says, of the parameters the rank holds: its
   stage's blocks (depth/pp of them) with their split layers over tp, and the embeddings or the head;
 - the activations (`scaledl.activations`): a stage's blocks for one micro batch, times the micro
-  batches a stage holds (1F1B's first stage: min(m, pp)).  The bytes under autocast and the split
-  over tp are each derived and measured (lessons 10 and 13); together they are an approximation:
-  the split's fp32 share is applied to bf16's bytes;
+  batches a stage holds (1F1B's first stage: min(m, pp)).  DeepSpeed's bf16 runs the model in bf16
+  without autocast, so each value a layer keeps is 2 bytes: the fp32 count (derived and measured in
+  lessons 10 and 13, with its split over tp) at 2 bytes a value;
 - `headroom` (10% by default) kept free for CUDA's context, the allocator's slack and workspaces.
 
 Time per step:
@@ -82,15 +82,13 @@ def params_per_rank(width: int, depth: int, seq_len: int, tp: int, pp: int,
 
 def activation_bytes(seq_len: int, micro_batch_size: int, width: int, blocks: int, heads: int, recompute: str,
                      precision: str, tp: int) -> float:
-    """One micro batch's activations on a stage of `blocks` blocks (with the head), split over tp.  The state
-    above keeps 16-bit weights (DeepSpeed's bf16), so the forward makes no autocast copies of them."""
-    whole = activations.model_bytes(seq_len, micro_batch_size, width, blocks, heads, recompute, precision=precision,
-                                    weight_copies=False)
-    if tp == 1:
-        return whole
-    fp32 = activations.block_bytes(seq_len, micro_batch_size, width, heads, recompute)
-    split = activations.block_bytes(seq_len, micro_batch_size, width, heads, recompute, tp=tp)
-    return whole * split / fp32
+    """One micro batch's activations on a stage of `blocks` blocks (with the head), split over tp.  The state above
+    is DeepSpeed's: with bf16 (or fp16) it casts the model itself and runs without autocast
+    (deepspeed/runtime/engine.py, _configure_distributed_model), so every value a layer keeps, the residual
+    stream too, is 16-bit: lesson 10's count of fp32's values at 2 bytes each (its LayerNorm statistics, fp32,
+    counted at 2: a few bytes a token), and no 16-bit copies of the weights."""
+    return activations.model_bytes(seq_len, micro_batch_size, width, blocks, heads, recompute,
+                                   bytes_per_value=4 if precision == "fp32" else 2, tp=tp)
 
 
 def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int, dp: int,
