@@ -695,7 +695,8 @@ def layout_parts(rows: list[dict], title: str = ""):
                       "tp all-reduces": row["tp_s"], "pp sends": row["pp_s"], "dp communication": row["dp_s"]})
     colors = {"compute": "#9ecae1", "bubble": "#d9d9d9", "tp all-reduces": "#fdae6b", "pp sends": "#a1d99b",
               "dp communication": "#bcbddc"}
-    fig, ax = _figure(9, 1.4 + 0.45 * len(rows))
+    height = 1.4 + 0.45 * len(rows)  # inches: a bar a row, and room for the legend below the axis
+    fig, ax = _figure(9, height)
     labels = [f"dp {r['dp']} tp {r['tp']} pp {r['pp']} ZeRO-{r['zero']} {r['recompute']} b{r['micro_batch_size']}"
               for r in rows]
     for y, part in enumerate(parts):
@@ -709,5 +710,5 @@ def layout_parts(rows: list[dict], title: str = ""):
            title=title or "each layout's step, part by part (fastest at the top)")
     ax.invert_yaxis()
     ax.set_xlim(0, 1.25 * max(r["step_s"] for r in rows))
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (1.4 + 0.45 * len(rows)) - 0.1), ncol=5)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / height - 0.1), ncol=5)
     return fig

@@ -147,6 +147,14 @@ _TRIPLE_CASES = [(48, 2, 8), (100, 4, 8), (42, 2, 4), (96, 4, 32), (26, 2, 8), (
 _NOT_GIVEN = object()
 
 
+def _refusal_or(batch_triple, *case):
+    """The learner's triple for `case`, or the ValueError it raised: an answer, not an error, in this exercise."""
+    try:
+        return batch_triple(*case)
+    except ValueError as error:
+        return error
+
+
 def check_batch_triple(batch_triple, live=_NOT_GIVEN) -> bool:
     """`batch_triple(global_batch_size, world_size, max_micro_batch)` -> a dict of DeepSpeed's three batch
     keys, against `batch_triple_answer` (DeepSpeed's rules: `deepspeed_batch`); ValueError where no triple
@@ -159,19 +167,15 @@ def check_batch_triple(batch_triple, live=_NOT_GIVEN) -> bool:
     for global_batch, world_size, largest in _TRIPLE_CASES:
         case = f"a global batch of {global_batch} on {world_size} ranks, at most {largest} samples a forward"
         want = batch_triple_answer(global_batch, world_size, largest)
-        try:
-            got = batch_triple(global_batch, world_size, largest)
-        except NotImplementedError:
-            return _verdict(False, "batch_triple still raises NotImplementedError: finish the exercise cell")
-        except ValueError as error:
+        got = _attempt("batch_triple", case, lambda: _refusal_or(batch_triple, global_batch, world_size, largest))
+        if got is _FAILED:
+            return False
+        if isinstance(got, ValueError):  # the exercise's way to say that DeepSpeed accepts no triple
             if want is None:
                 continue
-            return _verdict(False, f"{case}: batch_triple raised ValueError ({error}), but "
+            return _verdict(False, f"{case}: batch_triple raised ValueError ({got}), but "
                                    f"{want['train_micro_batch_size_per_gpu']} x "
                                    f"{want['gradient_accumulation_steps']} x {world_size} makes it")
-        except Exception as error:  # a learner's error, reported in one line
-            return _verdict(False, f"{case}: batch_triple raised {type(error).__name__}: "
-                                   f"{(str(error).splitlines() or [''])[0]}")
         if want is None:
             return _verdict(False, f"{case}: you returned {got!r}, but {global_batch} samples do not split evenly "
                                    f"over {world_size} ranks, and DeepSpeed refuses every such config "

@@ -1,7 +1,7 @@
 """Lesson 12's checks: a tensor-parallel MLP, split by hand, and the rank groups of a dp x tp grid."""
 from __future__ import annotations
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 # (world_size, tp) grids the groups are checked on, and the ranks a node holds for the verdict's reading.
 GRIDS = ((8, 4), (8, 2), (16, 4), (12, 4), (4, 2), (6, 3), (8, 1), (8, 8))
@@ -23,12 +23,9 @@ def check_rank_groups(rank_groups, ranks_per_node: int = 4) -> bool:
     if not callable(rank_groups):
         return _verdict(False, "`rank_groups` must be a function of (world_size, tp)")
     for world_size, tp in GRIDS:
-        try:
-            got = rank_groups(world_size, tp)
-        except NotImplementedError:
-            return _unfinished("rank_groups")
-        except Exception as error:  # noqa: BLE001 - the learner's code: name the grid it failed on
-            return _verdict(False, f"rank_groups({world_size}, {tp}) raised {type(error).__name__}: {error}")
+        got = _attempt("rank_groups", f"rank_groups({world_size}, {tp})", lambda: rank_groups(world_size, tp))
+        if got is _FAILED:
+            return False
         want = _grid(world_size, tp)
         if not isinstance(got, dict) or set(got) != {"tp", "dp"}:
             return _verdict(False, f"rank_groups({world_size}, {tp}) must return a dict with the keys \"tp\" and "

@@ -2,7 +2,7 @@
 measured here."""
 from __future__ import annotations
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")
 
@@ -27,12 +27,9 @@ def check_memory_per_rank(memory_gib, preset: str = "gpt3-2.7b", system: str = "
     rows = [row for row in rows if row["micro_batch_size"] in (1, 2, 8, 64)]
     for row in rows:
         args = tuple(row[key] for key in LAYOUT_KEYS)
-        try:
-            got = float(memory_gib(*args))
-        except NotImplementedError:
-            return _unfinished("memory_gib")
-        except Exception as error:  # noqa: BLE001 - the learner's code: name the layout it failed on
-            return _verdict(False, f"memory_gib{args} raised {type(error).__name__}: {error}")
+        got = _attempt("memory_gib", f"memory_gib{args}", lambda: float(memory_gib(*args)))
+        if got is _FAILED:
+            return False
         if math.isclose(got, row["memory_gib"], rel_tol=rel):
             continue
         dp, tp, pp, zero, recompute, micro = args
