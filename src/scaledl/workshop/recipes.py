@@ -75,9 +75,9 @@ def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> 
         lines += [f"# This notebook's live ranks: an interactive job on one node; in it, engines.start(WORLD_SIZE) "
                   f"starts {live_ranks} (lesson 0)", _interactive(rung, system)]
     select = next(line for line in header(rung, system) if line.startswith("#PBS -l select="))
-    walk = ("lesson 0's *Batch jobs on Polaris* reads such a script line by line" if system == "polaris" else
-            "lesson 0 reads a Polaris script line by line; this one differs in its modules and launch")
-    lines += [f"# The rung's job: {submit} jobs/{system}/{the_job.name}.sh ({walk}). It asks for", select]
+    # Lesson 0 reads a Polaris script once; here only what differs from it is named.
+    walk = "" if system == "polaris" else " (as lesson 0's Polaris script, with other modules and launch)"
+    lines += [f"# The rung's job: {submit} jobs/{system}/{the_job.name}.sh{walk}. It asks for", select]
     if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
         lines += ["# and loads", module_lines(rung, system)[-1], venv_line(rung, system)]
     lines += [f"# and, with {'ALCF' if system != 'slurm' else 'the site'}'s communication variables (`scaledl launch "
