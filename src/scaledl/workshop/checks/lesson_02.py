@@ -63,14 +63,11 @@ def check_samples_per_s(samples_per_s, batch_size: int = 64, num_steps: int = 5,
     if samples_per_s is None:
         return _unfinished("samples_per_s")
     device = _LossDevice(step_s=0.04, warmup_steps=2, warmup_s=0.15)
-    try:
-        got = samples_per_s(device.step, batch_size, device.synchronize, num_steps=num_steps,
-                            warmup_steps=warmup_steps)
-    except NotImplementedError:
-        return _verdict(False, "samples_per_s still raises NotImplementedError: finish the exercise cell")
-    except Exception as error:  # a learner's error, reported in one line
-        return _verdict(False, f"samples_per_s raised {type(error).__name__}: {(str(error).splitlines() or [''])[0]} "
-                               "(the check's losses, like a tensor on a GPU, take .item(), + and /)")
+    got = _attempt("samples_per_s", "on the check's device (its losses, like a tensor on a GPU, take .item(), + and /)",
+                   lambda: samples_per_s(device.step, batch_size, device.synchronize, num_steps=num_steps,
+                                         warmup_steps=warmup_steps))
+    if got is _FAILED:
+        return False
     want = batch_size / device.step_s
     if device.steps != num_steps + warmup_steps:
         return _verdict(False, f"it ran {device.steps} steps for warmup_steps={warmup_steps} and "
