@@ -321,3 +321,17 @@ def test_layout_parts_stack_to_each_layouts_predicted_step():
                                                         row["dp"] > 1]
     assert [label.get_text() for label in ax.get_legend().get_texts()] == [
         "compute", "bubble", "tp all-reduces", "pp sends", "dp communication"]
+
+
+def test_ring_hiding_crosses_one_at_each_links_threshold():
+    thresholds = {"NVLink": 3120.0, "Slingshot": 6240.0}
+    fig = plots.ring_hiding(thresholds, ranks=8)
+    drawn(fig)
+    ax = fig.axes[0]
+    lines = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]
+    assert len(lines) == 2
+    for line, threshold in zip(lines, thresholds.values()):
+        xs, ys = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        assert ys == pytest.approx(xs / 8 / threshold)  # compute / send = tokens per rank / threshold
+        assert ys[xs < 8 * threshold].max() < 1 < ys[xs > 8 * threshold].min()
+    assert "hides from 24,960 tokens" in ax.get_legend().get_texts()[0].get_text()

@@ -712,3 +712,28 @@ def layout_parts(rows: list[dict], title: str = ""):
     ax.set_xlim(0, 1.25 * max(r["step_s"] for r in rows))
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / height - 0.1), ncol=5)
     return fig
+
+
+def ring_hiding(thresholds: dict, ranks: int, seq_lens=None):
+    """When a ring attention step hides its send (lesson 13): for each link, `thresholds[name]` the tokens per
+    rank n = F e / (2B) at which a step's compute equals its send; against the sequence length s, over `ranks`
+    ranks, the ratio compute / send = (s / ranks) / threshold.  Above 1 the next block arrives while this one is
+    in use; below it, the ring waits on its link.  Each link's crossing is marked at s = ranks x threshold."""
+    seq_lens = list(seq_lens or [2 ** k for k in range(10, 21)])  # 1k to 1M tokens
+    fig, ax = _figure(7, 3.6)
+    ax.axhspan(1, 1e4, color="#e5f5e0", zorder=0)
+    ax.axhline(1, color="black", linewidth=0.8)
+    ratios = []
+    for (name, threshold), color in zip(thresholds.items(), ["#4C72B0", "#DD8452", "#C44E52", "#55A868"]):
+        ratio = [s / ranks / threshold for s in seq_lens]
+        ratios += ratio
+        ax.plot(seq_lens, ratio, marker="o", markersize=3, color=color,
+                label=f"{name}: hides from {ranks * threshold:,.0f} tokens")
+        ax.axvline(ranks * threshold, color=color, linestyle=":", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlabel=f"sequence length s (tokens, over {ranks} ranks)",
+           ylabel="ring step: compute / send", ylim=(min(ratios) / 1.5, max(ratios) * 1.5),
+           title="ring attention hides its sends above the line")
+    ax.text(seq_lens[0], 1.15, "send hidden behind compute", fontsize=8, va="bottom")
+    ax.text(seq_lens[0], 0.87, "ring waits on its link", fontsize=8, va="top")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig

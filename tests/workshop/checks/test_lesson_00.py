@@ -34,29 +34,42 @@ def test_binding_prediction_check(capsys):
                enumerate(sorted(gpu_nodes.items(), key=lambda item: item[1]))}  # rank r: the GPU on NUMA node r
     assert checks.check_binding_prediction(unusual, placements, gpu_nodes)
     verdict(capsys)
-    # A failure names the wrong rank and what to read, never the right value: retrying does not pass it.
-    def no_answer(line, rank):
-        right_gpu, right_node = right[rank]
-        assert f"GPU {right_gpu}" not in line and f"NUMA node {right_node}" not in line, line
+    # The mapping is graded whole: every wrong mapping FAILs with the same line, however near, so retrying
+    # values until the check passes learns nothing; no failure names the right GPU or NUMA node of any rank.
+    def no_answer(line):
+        for rank, (right_gpu, right_node) in right.items():
+            assert f"{rank}->GPU" not in line and f"GPU {right_gpu}" not in line, line
+            assert f"NUMA node {right_node}" not in line, line
 
-    # The guess most people make first: rank r on GPU r, on NUMA node r.
-    line = fails(capsys, checks.check_binding_prediction({r: (r, r) for r in range(4)}, placements, gpu_nodes),
-                 "local rank 0 does not drive GPU 0", "cuda:<local_rank>", "CUDA_VISIBLE_DEVICES")
-    no_answer(line, 0)
-    assert "NUMA node 3" not in line  # GPU 0's: the table gives it, the check does not
-    # Another wrong GPU, on the right NUMA node.
-    line = fails(capsys, checks.check_binding_prediction({0: (3, 0), 1: (0, 1), 2: (1, 2), 3: (0, 3)}, placements,
-                                                         gpu_nodes), "local rank 1 does not drive GPU 0",
-                 "CUDA_VISIBLE_DEVICES to for local rank 1")
-    no_answer(line, 1)
-    # The right GPUs, each given the NUMA node of its number.
+    table = {gpu: node for gpu, node in enumerate(gpu_nodes.values())}  # GPU g: its NUMA node, as printed
+    consistent = {gpus: {r: (g, table[g]) for r, g in enumerate(gpus)}
+                  for gpus in [(3, 2, 0, 1), (3, 0, 1, 2), (1, 1, 1, 1), (2, 3, 0, 1)]}
+    near = fails(capsys, checks.check_binding_prediction(consistent[(3, 2, 0, 1)], placements, gpu_nodes),
+                 "not the GPUs this launch gives", "CUDA_VISIBLE_DEVICES for each local rank")  # 2 of 4 right
+    for gpus, prediction in consistent.items():
+        line = fails(capsys, checks.check_binding_prediction(prediction, placements, gpu_nodes))
+        assert line == near, (gpus, line)  # 1, 2 or no GPU right: the same words
+        no_answer(line)
+    # The guess most people make first, rank r on GPU r (NUMA node r, or the table's): the misreading it is gets a
+    # line of its own, a named idea, not an entry.
+    for guess in ({r: (r, r) for r in range(4)}, {r: (r, table[r]) for r in range(4)}):
+        line = fails(capsys, checks.check_binding_prediction(guess, placements, gpu_nodes), "cuda:<local_rank>",
+                     "CUDA_VISIBLE_DEVICES to for each local rank")
+        no_answer(line)
+    # A NUMA node that is not the table's for the GPU named: the ranks are named (the table is printed anyway).
+    line = fails(capsys, checks.check_binding_prediction({0: (2, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}, placements,
+                                                         gpu_nodes), "local rank 0: the NUMA node", "that GPU's row")
+    no_answer(line)
+    # The right GPUs, each given the NUMA node of its number: named as a misread table, not as right GPUs.
     line = fails(capsys, checks.check_binding_prediction({r: (3 - r, 3 - r) for r in range(4)}, placements,
-                                                         gpu_nodes), "local rank 0: GPU 3 is right, NUMA node 3 is not",
-                 "row of the table")
-    assert "NUMA node 0" not in line
-    # Off by one: 4 - r.
+                                                         gpu_nodes), "local ranks 0, 1, 2, 3: the NUMA node", "row")
+    assert "right" not in line
+    no_answer(line)
+    # Off by one: 4 - r names a GPU the node does not have.
     fails(capsys, checks.check_binding_prediction({r: (4 - r, r) for r in range(4)}, placements, gpu_nodes),
-          "does not drive GPU 4", "GPUs 0-3")
+          "names GPU 4", "GPUs 0-3")
+    fails(capsys, checks.check_binding_prediction({r: "3" for r in range(4)}, placements, gpu_nodes),
+          "write (GPU number, NUMA node)")
     # A launch with every GPU visible (cuda:<local_rank>) fails even with a prediction that matches it.
     identity, _ = polaris_launch(wrapper=False)
     assert [p.verdict for p in identity] == ["far"] * 4

@@ -246,6 +246,16 @@ def test_stage2_window_check(capsys):
     fails(capsys, checks.check_stage2_window(with_rule(greedy, nbytes=lambda numels, a: a * sum(numels))),
           "4 bytes")
     fails(capsys, checks.check_stage2_window(lambda numels, a, bucket=5e8: (a, a * 4 * sum(numels))), "two keys")
+    # The live config's small bucket: this CNN in 2 buckets a backward, 6 calls a window on the ranks.  The
+    # check asks for the live bucket size: at the default one bucket (3 calls) is predicted, and rejected.
+    split = {**MEASURED, "all_reduces": 6}
+    assert checks.check_stage2_window(right, split, CNN, world_size=2, accumulation_steps=3,
+                                      reduce_bucket_size=204_800)
+    assert "6 all-reduces" in verdict(capsys)
+    fails(capsys, checks.check_stage2_window(right, split, CNN, world_size=2, accumulation_steps=3),
+          "3 all-reduces, the ranks made 6", "one bucket")
+    fails(capsys, checks.check_stage2_window(right, MEASURED, CNN, world_size=2, accumulation_steps=3,
+                                             reduce_bucket_size=204_800), "6 all-reduces, the ranks made 3")
     # Right on the cases, wrong against the ranks (a measurement that is not this model's window).
     fails(capsys, checks.check_stage2_window(right, {**MEASURED, "bytes": 1}, CNN), "on this model")
     fails(capsys, checks.check_stage2_window(right, None, CNN), "no measurement")

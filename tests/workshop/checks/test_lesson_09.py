@@ -1,4 +1,4 @@
-"""Lesson 9's checks (ZeRO's formula, the engine's bytes, FSDP2's reshard): each passes the solution, FAILs on
+"""Lesson 9's checks (ZeRO's formula, the engine's bytes, FSDP2's collectives): each passes the solution, FAILs on
 what an untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix
 in one line."""
 import math
@@ -107,33 +107,45 @@ def test_engine_bytes_check(capsys):
 
 # ---------------------------------------------------------------- FSDP2
 
-LAYERS = ("FSDPConv2d 0", "FSDPConv2d 3", "FSDPLinear 7", "FSDPLinear 9")
+def fsdp2_solution(num_layers, reshard_after_forward=True):
+    return {"all_gathers": (2 if reshard_after_forward else 1) * num_layers, "reduce_scatters": num_layers}
 
 
-def fsdp_report(own=True, at_rest=True, after_forward=False, after_backward=True, loss=2.31):
-    """What the lesson's cell reports; the combinations below are those 2 gloo ranks of torch 2.13
-    showed for each way of wrapping torch_cnn (per layer with the default, the root alone with
-    reshard_after_forward=False, per layer and root with False, set_reshard_after_forward(False))."""
-    return {"own_group": dict.fromkeys(LAYERS, own), "at_rest": dict.fromkeys(LAYERS, at_rest),
-            "after_forward": dict.fromkeys(LAYERS, after_forward),
-            "after_backward": dict.fromkeys(LAYERS, after_backward), "loss": loss}
+# What CommDebugMode counted on 2 gloo ranks of torch 2.13 for torch_cnn's 4 layers, each sharded, then the root.
+COUNTED = {True: {"all_gathers": 8, "reduce_scatters": 4, "layers": 4, "whole_after_forward": 0},
+           False: {"all_gathers": 4, "reduce_scatters": 4, "layers": 4, "whole_after_forward": 4}}
 
 
-def test_fsdp_reshard_check(capsys):
-    assert checks.check_fsdp_reshard([fsdp_report()] * 2)
+def test_fsdp_collectives_check(capsys):
+    assert checks.check_fsdp_collectives(fsdp2_solution)
+    assert "all 6 cases" in verdict(capsys)
+    assert checks.check_fsdp_collectives(fsdp2_solution, [COUNTED] * 2)
+    assert "8 all-gathers and 4 reduce-scatters with reshard_after_forward=True" in verdict(capsys)
+    # Unusual but right: numpy numbers, 4 ranks.
+    assert checks.check_fsdp_collectives(lambda n, r=True: {"all_gathers": np.int64(n * (1 + bool(r))),
+                                                           "reduce_scatters": np.int64(n)}, [COUNTED] * 4)
     verdict(capsys)
-    # Unusual but right: the default wrap, then model.set_reshard_after_forward(False); 4 ranks.
-    assert checks.check_fsdp_reshard([fsdp_report()] * 4)
-    verdict(capsys)
-    # FSDP2's default: every layer reshards after forward, backward gathers it again.
-    fails(capsys, checks.check_fsdp_reshard([fsdp_report(after_forward=True)] * 2), "FSDPConv2d 0 gives its",
-          "again")
-    # Only the root wrapped (with False): one group, nothing to overlap.
-    fails(capsys, checks.check_fsdp_reshard([fsdp_report(own=False)] * 2), "not sharded on its own")
-    # Not sharded at all (the model left as it was, or wrapped in DDP).
-    fails(capsys, checks.check_fsdp_reshard([fsdp_report(own=False, at_rest=False)] * 2), "whole on every rank")
-    # Ranks that ran different models on the same batch.
-    fails(capsys, checks.check_fsdp_reshard([fsdp_report(), fsdp_report(loss=2.4)]), "different losses")
-    fails(capsys, checks.check_fsdp_reshard([fsdp_report()]), "start 2 or more")
-    fails(capsys, checks.check_fsdp_reshard([None, None]), "did not finish")
-    assert not checks.check_fsdp_reshard(None)
+
+    def rule(gathers, scatters=lambda n, r: n):
+        return lambda n, r=True: {"all_gathers": gathers(n, r), "reduce_scatters": scatters(n, r)}
+
+    # Backward's second gather forgotten, or made where the layer kept its weights.
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: n)), "all-gathers them again")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: 2 * n)), "once a step")
+    # The root counted as a layer; a collective per tensor (weight and bias).
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: (2 if r else 1) * n + 1)), "root")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: 2 * (2 if r else 1) * n)), "not tensors")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: (2 if r else 1) * n, lambda n, r: 0)),
+          "reduce-scatters each layer's gradients")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: (2 if r else 1) * n, lambda n, r: 2 * n)),
+          "leave once a step")
+    fails(capsys, checks.check_fsdp_collectives(lambda n, r: (n, n)), "two keys")
+    # Right on the cases, but not what the ranks counted (a count that is not this setting's), or no count.
+    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [{**COUNTED, True: {**COUNTED[True],
+                                                                                 "all_gathers": 7}}] * 2),
+          "live ranks counted 7 all-gathers")
+    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [COUNTED, {**COUNTED, False: COUNTED[True]}]),
+          "different collectives")
+    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [None, None]), "no count")
+    fails(capsys, checks.check_fsdp_collectives(untouched), "NotImplementedError")
+    fails(capsys, checks.check_fsdp_collectives(None), "not set")

@@ -77,3 +77,30 @@ def test_rank_groups(capsys):
     fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": [list(range(n))], "dp": [[r] for r in range(n)]}),
           "rank_groups(8, 4)")
     fails(capsys, checks.check_rank_groups(lambda n, tp: 1 / 0), "raised ZeroDivisionError")
+
+
+# ---------------------------------------------------------------- tp groups that cross a node boundary
+
+def crossing_tp_groups(world_size, tp, ranks_per_node):
+    """The exercise's answer: the rows whose ranks lie on more than one node (a node's ranks are consecutive)."""
+    return [row for row in rank_groups(world_size, tp)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
+
+
+def test_crossing_groups(capsys):
+    assert checks.check_crossing_groups(crossing_tp_groups)
+    line = verdict(capsys)
+    assert "tp 3 on 3 Polaris nodes: 2 of 4 tp groups" in line and "[[8, 9, 10, 11, 12, 13, 14, 15]]" in line
+    fails(capsys, checks.check_crossing_groups(None), "`crossing_tp_groups` is not set")
+    fails(capsys, checks.check_crossing_groups(3), "must be a function")
+    # The rule of thumb alone: every group crosses when tp does not divide a node's ranks. Wrong for tp 3.
+    fails(capsys, checks.check_crossing_groups(
+        lambda n, tp, per_node: rank_groups(n, tp)["tp"] if per_node % tp else []),
+        "crossing_tp_groups(12, 3, 4) gives 4 group(s), and 2 of the 4")
+    # Only groups larger than a node counted.
+    fails(capsys, checks.check_crossing_groups(
+        lambda n, tp, per_node: rank_groups(n, tp)["tp"] if tp > per_node else []), "crossing_tp_groups(12, 3, 4)")
+    # The dp groups (columns) taken for the tp groups.
+    fails(capsys, checks.check_crossing_groups(
+        lambda n, tp, per_node: [g for g in rank_groups(n, tp)["dp"] if len({r // per_node for r in g}) > 1]),
+        "crossing_tp_groups(8, 4, 4) gives 4 group(s), and 0 of the 2")
+    fails(capsys, checks.check_crossing_groups(lambda n, tp, per_node: 5), "must return a list of groups")

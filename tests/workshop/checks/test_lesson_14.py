@@ -54,27 +54,42 @@ def test_layout(capsys):
 # ---------------------------------------------------------------- the fastest layout here
 def layout_rows(dp_ms=18.6, tp_ms=76.5, pp_ms=49.1):
     """Rows shaped as scaledl.perf.bench.layouts.compare returns them (the numbers from a run here)."""
-    return [{"dp": 2, "tp": 1, "pp": 1, "measured_ms": dp_ms, "predicted_ms": 17.0, "compute_ms": 14.9, "tp_ms": 0.0,
-             "pp_ms": 0.0, "dp_ms": 2.2, "bubble": 0.0},
-            {"dp": 1, "tp": 1, "pp": 2, "measured_ms": pp_ms, "predicted_ms": 26.9, "compute_ms": 18.6, "tp_ms": 0.0,
-             "pp_ms": 8.3, "dp_ms": 0.0, "bubble": 0.2},
-            {"dp": 1, "tp": 2, "pp": 1, "measured_ms": tp_ms, "predicted_ms": 42.9, "compute_ms": 14.9, "tp_ms": 28.0,
-             "pp_ms": 0.0, "dp_ms": 0.0, "bubble": 0.0}]
+    return [{"dp": 2, "tp": 1, "pp": 1, "micro_batches": 1, "measured_ms": dp_ms, "predicted_ms": 17.0,
+             "compute_ms": 14.9, "tp_ms": 0.0, "pp_ms": 0.0, "dp_ms": 2.2, "bubble": 0.0},
+            {"dp": 1, "tp": 1, "pp": 2, "micro_batches": 4, "measured_ms": pp_ms, "predicted_ms": 26.9,
+             "compute_ms": 18.6, "tp_ms": 0.0, "pp_ms": 8.3, "dp_ms": 0.0, "bubble": 0.2},
+            {"dp": 1, "tp": 2, "pp": 1, "micro_batches": 1, "measured_ms": tp_ms, "predicted_ms": 42.9,
+             "compute_ms": 14.9, "tp_ms": 28.0, "pp_ms": 0.0, "dp_ms": 0.0, "bubble": 0.0}]
 
 
-def test_fastest_here_check(capsys):
-    assert checks.check_fastest_here("dp", layout_rows())
-    assert "data parallelism ran the fastest step" in verdict(capsys)
-    fails(capsys, checks.check_fastest_here(None, layout_rows()), "`fastest_here` is not set")
-    fails(capsys, checks.check_fastest_here("tp", layout_rows()), "tensor parallelism measured 76.5 ms",
-          "6 all-reduces a block", "28 ms predicted", "the 2.1 ms dp adds")
-    fails(capsys, checks.check_fastest_here("pp", layout_rows()), "a bubble of 20%", "8.3 ms of sends")
-    fails(capsys, checks.check_fastest_here("zero", layout_rows()), "one of \"dp\", \"tp\", \"pp\"")
-    # The measurement decides, not the prediction: where the pipeline ran fastest, it is the answer.
-    assert checks.check_fastest_here("pp", layout_rows(dp_ms=60.0))
+MESSAGES = {"dp": 1, "tp": 24, "pp": 10}  # the exercise's answer: 1 all-reduce; 6 x 4 blocks x 1; 2 x (4 + 2 - 1)
+
+
+def test_layouts_here_check(capsys):
+    check = checks.check_layouts_here
+    assert check(MESSAGES, ["dp", "pp", "tp"], layout_rows())
+    assert "dp < pp < tp, as measured" in verdict(capsys)
+    fails(capsys, check(None, None, layout_rows()), "`messages_here` is not set")
+    fails(capsys, check({"dp": 1}, ["dp", "pp", "tp"], layout_rows()), "keys")
+    # A count that is wrong is told the idea to recount, never the number.
+    fails(capsys, check(MESSAGES | {"tp": 16}, ["dp", "pp", "tp"], layout_rows()), "Megatron-LM's count")
+    fails(capsys, check(MESSAGES | {"tp": 6}, ["dp", "pp", "tp"], layout_rows()), "times the blocks")
+    fails(capsys, check(MESSAGES | {"pp": 8}, ["dp", "pp", "tp"], layout_rows()), "fill and drain")
+    fails(capsys, check(MESSAGES | {"dp": 4}, ["dp", "pp", "tp"], layout_rows()), "buckets")
+    fails(capsys, check(MESSAGES | {"dp": 1.0}, ["dp", "pp", "tp"], layout_rows()), "whole number")
+    for wrong in (MESSAGES | {"tp": 16}, MESSAGES | {"pp": 8}):
+        check(wrong, ["dp", "pp", "tp"], layout_rows())
+        line = verdict(capsys)
+        assert "24" not in line and "10" not in line  # the answer stays out of the FAIL line
+    # Counts right: the order is graded against the measurement, and a wrong order is not told the right one.
+    fails(capsys, check(MESSAGES, None, layout_rows()), "`order_here` is not set")
+    fails(capsys, check(MESSAGES, ["dp", "tp", "pp"], layout_rows()), "not the order the runs measured")
+    check(MESSAGES, ["tp", "dp", "pp"], layout_rows())
+    assert "dp < pp" not in verdict(capsys)
+    fails(capsys, check(MESSAGES, ["dp", "dp", "tp"], layout_rows()), "once each")
+    # The measurement decides: where the pipeline ran fastest, it comes first.
+    assert check(MESSAGES, ["pp", "dp", "tp"], layout_rows(dp_ms=60.0))
     verdict(capsys)
-    fails(capsys, checks.check_fastest_here("dp", layout_rows(dp_ms=60.0)), "data parallelism measured 60 ms",
-          "one all-reduce of the gradients")
 
 
 # ---------------------------------------------------------------- a layout's memory per rank

@@ -20,21 +20,22 @@ from scaledl.workshop.checks.lesson_06 import (check_accumulation, check_bucket_
 from scaledl.workshop.checks.lesson_07 import check_efficiency, check_predicted_efficiency, check_warmup
 from scaledl.workshop.checks.lesson_08 import (batch_triple_answer, check_batch_triple, check_deepspeed_config,
                                                check_stage2_window, check_window_prediction, deepspeed_batch)
-from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_reshard, check_zero_formula
+from scaledl.workshop.checks.lesson_09 import check_engine_bytes, check_fsdp_collectives, check_zero_formula
 from scaledl.workshop.checks.lesson_10 import (check_activation_prediction, check_bf16_state, check_flops_per_token,
                                                check_recompute, check_selective_values)
 from scaledl.workshop.checks.lesson_11 import (check_bubble, check_interleaved_bubble, check_peak_in_flight,
                                                check_pipeline, check_pipeline_backward)
-from scaledl.workshop.checks.lesson_12 import check_rank_groups, check_tensor_parallel_mlp
+from scaledl.workshop.checks.lesson_12 import check_crossing_groups, check_rank_groups, check_tensor_parallel_mlp
 from scaledl.workshop.checks.lesson_13 import check_ring_attention, check_sp_block_bytes
-from scaledl.workshop.checks.lesson_14 import check_fastest_here, check_layout, check_memory_per_rank
+from scaledl.workshop.checks.lesson_14 import check_layout, check_layouts_here, check_memory_per_rank
 
 __all__ = [
+    "check_crossing_groups",
     "batch_triple_answer", "check_accumulation", "check_batch_triple", "check_activation_prediction",
     "check_all_reduce", "check_binding_launch", "check_memory_per_rank", "check_flops_per_token", "check_recompute",
     "check_bf16_state", "check_selective_values", "check_binding_prediction", "check_binding_verdicts", "check_bubble",
     "check_bucket_record", "check_ddp_buckets", "check_deepspeed_config", "check_efficiency", "check_engine_bytes",
-    "check_fastest_here", "check_fsdp_reshard", "check_fusion", "check_horovod_sync", "check_in_sync",
+    "check_layouts_here", "check_fsdp_collectives", "check_fusion", "check_horovod_sync", "check_in_sync",
     "check_interleaved_bubble", "check_layout", "check_parallelism_choice", "check_peak_in_flight",
     "check_pipeline", "check_pipeline_backward", "check_predicted_efficiency", "check_rank_device",
     "check_rank_groups", "check_ring_attention", "check_ring_prediction", "check_sp_block_bytes", "check_samples_per_s",

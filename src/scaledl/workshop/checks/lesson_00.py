@@ -64,7 +64,13 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
     `placements` (`scaledl.hpc.binding.plan` on a node's sysfs tree); GPU as its number in PCI order
     (what nvidia-smi shows) or its PCI address.  `gpu_nodes`: each GPU's PCI address -> NUMA node,
     in PCI order.  The launch itself must put every rank on its GPU's NUMA node (local): a launch
-    with a far or split rank FAILs whatever was predicted."""
+    with a far or split rank FAILs whatever was predicted.
+
+    The mapping is graded whole: a wrong one FAILs with the same words however many of its GPUs are
+    right, so that trying values until the check passes tells nothing (4 GPUs for each of 4 ranks:
+    256 mappings).  What a failure may say is what the learner can read anyway: an entry that is not
+    (GPU, NUMA node), a GPU the node does not have, a NUMA node that is not the named GPU's row of the
+    table, and the one usual misreading (GPU number = local rank)."""
     for p in placements:
         if p.verdict != "local":
             return _verdict(False, f"the launch runs local rank {p.local_rank} on NUMA node "
@@ -74,8 +80,8 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
         return _unfinished("prediction") if not prediction else _verdict(
             False, f"predict every local rank 0-{len(placements) - 1}: `prediction` has {sorted(prediction)}")
     order = list(gpu_nodes)
+    given = {}
     for p in placements:
-        want_gpu, want_node = order.index(p.gpu), p.gpu_node
         try:
             gpu, node = prediction[p.local_rank]
             gpu = order.index(gpu.lower()) if isinstance(gpu, str) else int(gpu)
@@ -83,19 +89,23 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
         except (TypeError, ValueError):
             return _verdict(False, f"prediction[{p.local_rank}] = {prediction[p.local_rank]!r}: write (GPU number, "
                                    "NUMA node), e.g. (2, 1)")
-        # A failure names the rank and what to read, never the right value: retrying cannot stand in for reading.
-        if gpu != want_gpu:
-            if gpu == p.local_rank:
-                hint = ("that is cuda:<local_rank>, the GPU as the rank sees it, not its number on the node: work out "
-                        f"what the wrapper sets CUDA_VISIBLE_DEVICES to for local rank {p.local_rank}")
-            elif 0 <= gpu < len(order):
-                hint = f"work out what the wrapper sets CUDA_VISIBLE_DEVICES to for local rank {p.local_rank}"
-            else:
-                hint = f"this node has GPUs 0-{len(order) - 1}"
-            return _verdict(False, f"local rank {p.local_rank} does not drive GPU {gpu}: {hint}")
-        if node != want_node:
-            return _verdict(False, f"local rank {p.local_rank}: GPU {gpu} is right, NUMA node {node} is not: read "
-                                   "that GPU's row of the table above (a GPU's NUMA node is its PCI root's, not its "
-                                   "number)")
-    mapping = ", ".join(f"{p.local_rank}->GPU {order.index(p.gpu)}" for p in placements)
-    return _verdict(True, f"every local rank drives the GPU on its own NUMA node ({mapping}), all local")
+        if not 0 <= gpu < len(order):
+            return _verdict(False, f"prediction[{p.local_rank}] names GPU {gpu}: this node has GPUs 0-{len(order) - 1}")
+        given[p.local_rank] = gpu, node
+    # The usual misreading, named as an idea (it is the cell's first guess): it tells no entry of the answer.
+    if all(gpu == rank for rank, (gpu, _) in given.items()):
+        return _verdict(False, "GPU number = local rank is cuda:<local_rank>, the GPU as the rank sees it, not its "
+                               "number on the node: work out what the wrapper sets CUDA_VISIBLE_DEVICES to for each "
+                               "local rank")
+    # Each NUMA node against the table, for the GPU the learner named (right or wrong): the table is printed.
+    unread = [rank for rank, (gpu, node) in sorted(given.items()) if gpu_nodes[order[gpu]] != node]
+    if unread:
+        return _verdict(False, f"local rank{'s' * (len(unread) > 1)} {', '.join(map(str, unread))}: the NUMA node "
+                               "is not the one the table gives for the GPU you name: read that GPU's row (a GPU's "
+                               "NUMA node is its PCI root's, not its number)")
+    if all(given[p.local_rank][0] == order.index(p.gpu) for p in placements):
+        mapping = ", ".join(f"{p.local_rank}->GPU {order.index(p.gpu)}" for p in placements)
+        return _verdict(True, f"every local rank drives the GPU on its own NUMA node ({mapping}), all local")
+    # One answer for every other wrong mapping, near or far: it names the reasoning, never an entry.
+    return _verdict(False, "not the GPUs this launch gives its ranks (the check does not say which entries): "
+                           "evaluate the wrapper's CUDA_VISIBLE_DEVICES for each local rank")

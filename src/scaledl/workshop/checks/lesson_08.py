@@ -231,10 +231,12 @@ def _window_verdict(predicted, measured, grad_bytes: int, world_size: int, accum
     if calls != want_calls:
         if calls == 1:
             hint = "one per window is stages 0 and 1; stage 2 keeps no whole gradient between backwards"
-        elif calls > accumulation_steps:
+        elif calls == accumulation_steps:
+            hint = "one call per backward is one bucket: count how many buckets this reduce_bucket_size makes"
+        elif calls > want_calls:
             hint = "the engine flattens a bucket's gradients into one buffer: one call per bucket, not per tensor"
         else:
-            hint = "count the backwards in a window that reduce"
+            hint = "count the buckets of one backward, then the backwards in a window that reduce"
         return False, f"{calls} all-reduces, the ranks made {want_calls}: {hint}"
     if math.isclose(nbytes, want_bytes):
         return True, (f"{want_calls} all-reduces in a window's backwards, {want_bytes:,} bytes in all, as the ranks "
@@ -262,15 +264,15 @@ _STAGE2_CASES = [([100_000_000, 150_000_000, 250_000_000], 3, 500_000_000),
 
 
 def check_stage2_window(stage2_window, measured=None, numels: list | None = None, world_size: int = 2,
-                        accumulation_steps: int = 3) -> bool:
+                        accumulation_steps: int = 3, reduce_bucket_size: int = 500_000_000) -> bool:
     """`stage2_window(numels, accumulation_steps, reduce_bucket_size) -> {"all_reduces", "bytes"}`: what ZeRO
     stage 2's backwards all-reduce in one accumulation window, for fp32 gradients of `numels` elements in
     the order backward produces them.  DeepSpeed 0.19.8 (stage_1_and_2.py,
     `reduce_independent_p_g_buckets_and_remove_grads`) copies each gradient into a bucket and all-reduces
     the bucket in one call when the next gradient would take it over `reduce_bucket_size` elements, and
     what is left at the end of every backward (`scaledl.perf.predict._buckets` counts them).  Checked on
-    cases where the bucket splits, then on this lesson's model against the live ranks' window
-    (`measured`, through `check_window_prediction`)."""
+    cases where the bucket splits, then on this lesson's model, at the live config's `reduce_bucket_size`,
+    against the live ranks' window (`measured`, through `check_window_prediction`)."""
     from scaledl.perf.predict import _buckets
 
     if stage2_window is None:
@@ -319,7 +321,7 @@ def check_stage2_window(stage2_window, measured=None, numels: list | None = None
     said = f"all {len(_STAGE2_CASES)} cases as DeepSpeed 0.19.8 fills and sends its buckets"
     if numels is None:
         return _verdict(True, said)
-    ok, message = _window_verdict(stage2_window(list(numels), accumulation_steps, 500_000_000), measured,
+    ok, message = _window_verdict(stage2_window(list(numels), accumulation_steps, reduce_bucket_size), measured,
                                   4 * sum(numels), world_size, accumulation_steps)
     return _verdict(ok, f"{said}; on this model, " + message if ok else f"on this model: {message}")
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 
-from scaledl.workshop.checks.common import _unfinished, _verdict
+from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
+
+_NOT_GIVEN = object()  # a check called without the live count: the cases alone
 
 _PARTITIONED = {0: (), 1: ("optimizer",), 2: ("optimizer", "grads"), 3: ("optimizer", "grads", "params")}
 _NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states"}
@@ -109,41 +111,71 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
 
 
 
-def check_fsdp_reshard(reports_by_rank: list) -> bool:
-    """FSDP2 with every layer's parameters kept gathered from its forward to its backward.
+def check_fsdp_collectives(fsdp2_collectives, counted_by_rank=_NOT_GIVEN) -> bool:
+    """`fsdp2_collectives(num_layers, reshard_after_forward) -> {"all_gathers", "reduce_scatters"}`: what FSDP2
+    issues on each rank in one forward and backward of a model whose `num_layers` layers are each sharded on
+    their own (one parameter group each: one all-gather brings a layer's weight and bias whole, one
+    reduce-scatter sends its gradients), the root holding no parameters of its own.  A layer that reshards
+    after forward (the default, torch 2.13 `fully_shard`) is all-gathered again for its backward.  Checked on
+    cases, then against `counted_by_rank`: per rank, {reshard_after_forward: {"all_gathers", "reduce_scatters",
+    "layers", "whole_after_forward"}}, counted with CommDebugMode on the live ranks."""
+    if fsdp2_collectives is None:
+        return _unfinished("fsdp2_collectives")
+    for layers, reshard in _FSDP2_CASES:
+        case = f"{layers} layers, reshard_after_forward={reshard}"
+        got = _attempt("fsdp2_collectives", case, lambda: fsdp2_collectives(layers, reshard))
+        if got is _FAILED:
+            return False
+        if not isinstance(got, dict) or not {"all_gathers", "reduce_scatters"} <= set(got):
+            return _verdict(False, "fsdp2_collectives returns a dict with two keys: "
+                                   "{\"all_gathers\": ..., \"reduce_scatters\": ...}")
+        want = _fsdp2_answer(layers, reshard)
+        gathers, scatters = got["all_gathers"], got["reduce_scatters"]
+        if gathers != want["all_gathers"]:
+            wrong = [(layers, "a layer that reshards after forward gives its gathered weights back, so its backward "
+                              "all-gathers them again" if reshard else None),
+                     (2 * layers, None if reshard else "a layer that keeps its weights until backward is gathered "
+                                                       "once a step"),
+                     (want["all_gathers"] + 1, "the root here holds no parameters of its own: it gathers nothing"),
+                     (2 * want["all_gathers"], "one all-gather brings a layer's weight and bias together: count "
+                                               "layers, not tensors")]
+            hint = next((text for value, text in wrong if text and gathers == value),
+                        "count one layer's all-gathers: before its forward, and before its backward unless it kept "
+                        "its weights")
+            return _verdict(False, f"{case}: {gathers} all-gathers, FSDP2 issues {want['all_gathers']}: {hint}")
+        if scatters != want["reduce_scatters"]:
+            wrong = [(0, "backward reduce-scatters each layer's gradients, whatever reshard_after_forward says"),
+                     (2 * layers, "a layer's gradients leave once a step, weight and bias in one reduce-scatter"),
+                     (layers + 1, "the root here holds no parameters of its own: no gradients to send")]
+            hint = next((text for value, text in wrong if scatters == value),
+                        "one reduce-scatter per layer, in its backward")
+            return _verdict(False, f"{case}: {scatters} reduce-scatters, FSDP2 issues {want['reduce_scatters']}: "
+                                   f"{hint}")
+    said = f"all {len(_FSDP2_CASES)} cases"
+    if counted_by_rank is _NOT_GIVEN:
+        return _verdict(True, said)
+    if not counted_by_rank or any(counted is None for counted in counted_by_rank):
+        return _verdict(False, f"{said}, but no count from every live rank: run the counting cell above")
+    first = counted_by_rank[0]
+    if any(counted != first for counted in counted_by_rank):
+        return _verdict(False, "the ranks counted different collectives: every rank must run the same sharded model")
+    said_live = []
+    for reshard, counted in sorted(first.items(), reverse=True):
+        predicted = fsdp2_collectives(counted["layers"], reshard)
+        for key, name in (("all_gathers", "all-gathers"), ("reduce_scatters", "reduce-scatters")):
+            if predicted[key] != counted[key]:
+                return _verdict(False, f"{said}, but with reshard_after_forward={reshard} the live ranks counted "
+                                       f"{counted[key]} {name} for the CNN's {counted['layers']} layers, you "
+                                       f"predicted {predicted[key]}")
+        said_live.append(f"{counted['all_gathers']} all-gathers and {counted['reduce_scatters']} reduce-scatters "
+                         f"with reshard_after_forward={reshard} ({counted['whole_after_forward']} of "
+                         f"{counted['layers']} layers whole after forward)")
+    return _verdict(True, f"{said}; on the live ranks, as CommDebugMode counted: " + "; ".join(said_live))
 
-    Each rank reports, per layer with parameters ({name: bool}): "own_group" (the layer is an
-    FSDPModule of its own), "at_rest" (its registered parameters are sharded DTensors before
-    forward), "after_forward" (still sharded after forward: it gave them back, so backward
-    all-gathers them again) and "after_backward" (sharded again once backward is done); and
-    "loss" (the same on every rank's identical batch).  fully_shard's docstring, torch 2.13:
-    the registered parameters after forward are the sharded ones if reshard_after_forward is
-    True, the unsharded ones if False."""
-    if reports_by_rank is None:
-        return False
-    if len(reports_by_rank) < 2:
-        return _verdict(False, "one rank has nothing to shard over: start 2 or more (WORLD_SIZE = 2)")
-    if any(r is None for r in reports_by_rank):
-        return _verdict(False, "the FSDP cells did not finish on every rank: finish the exercise and run both cells")
-    report = reports_by_rank[0]
-    for name, own in report["own_group"].items():
-        if not report["at_rest"][name]:
-            return _verdict(False, f"{name}'s parameters are whole on every rank before forward: shard the model "
-                                   "with FSDP2, every layer and then the whole model")
-        if not own:
-            return _verdict(False, f"{name} is not sharded on its own: one group for the whole model gathers all of "
-                                   "it at once, with nothing to overlap: shard each layer, then the whole model")
-    given_back = [name for name, sharded in report["after_forward"].items() if sharded]
-    if given_back:
-        return _verdict(False, f"{given_back[0]} gives its parameters back after forward (FSDP2's default for every "
-                               "layer but the root), so backward all-gathers them again: keep them until backward")
-    kept = [name for name, sharded in report["after_backward"].items() if not sharded]
-    if kept:
-        return _verdict(False, f"{kept[0]} stays gathered after backward: at rest every layer must be sharded again")
-    losses = {round(r["loss"], 5) for r in reports_by_rank}
-    if len(losses) > 1:
-        return _verdict(False, f"the ranks computed different losses on the same batch ({sorted(losses)}): every "
-                               "rank must run the same sharded model")
-    return _verdict(True, f"each of {len(report['own_group'])} layers is sharded at rest and stays gathered from its "
-                          "forward to its backward: one all-gather per layer per step fewer, at the memory of "
-                          "holding every layer whole at the end of forward")
+
+# (layers, reshard_after_forward): one layer, the lesson's CNN, and a deeper model, both ways.
+_FSDP2_CASES = [(1, True), (1, False), (4, True), (4, False), (24, True), (24, False)]
+
+
+def _fsdp2_answer(layers: int, reshard: bool) -> dict:
+    return {"all_gathers": (2 if reshard else 1) * layers, "reduce_scatters": layers}

@@ -1,4 +1,5 @@
-"""Lesson 12's checks: a tensor-parallel MLP, split by hand, and the rank groups of a dp x tp grid."""
+"""Lesson 12's checks: a tensor-parallel MLP, split by hand, the rank groups of a dp x tp grid, and which of its
+tp groups cross a node boundary."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
@@ -42,6 +43,46 @@ def check_rank_groups(rank_groups, ranks_per_node: int = 4) -> bool:
     nodes = [sorted({rank // ranks_per_node for rank in group}) for group in polaris["dp"]]
     return _verdict(True, f"on 2 Polaris nodes (8 ranks, tp 4) each tp group is one node's GPUs, {polaris['tp']}; "
                           f"each dp group, e.g. {polaris['dp'][0]}, spans nodes {nodes[0]}")
+
+
+# (world_size, tp, ranks_per_node): grids whose tp does or does not divide a node's ranks, on Polaris (4 GPUs a
+# node) and Aurora (12 tiles a node).
+CROSSING_CASES = ((8, 4, 4), (12, 3, 4), (16, 8, 4), (12, 6, 4), (8, 2, 4), (24, 8, 12), (24, 4, 12), (24, 12, 12),
+                  (36, 9, 12))
+
+
+def _crossing(world_size: int, tp: int, ranks_per_node: int) -> list[list[int]]:
+    """The tp groups (rows of the grid) whose ranks lie on more than one node: a node holds ranks_per_node
+    consecutive ranks (torchrun numbers the workers node by node)."""
+    return [row for row in _grid(world_size, tp)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
+
+
+def check_crossing_groups(crossing_tp_groups) -> bool:
+    """`crossing_tp_groups(world_size, tp, ranks_per_node)`: the tensor-parallel groups of the (dp, tp) grid whose
+    ranks sit on more than one node, on every case of CROSSING_CASES (tp dividing a node's ranks or not).  A wrong
+    answer is told which case and how many groups cross, not which."""
+    if crossing_tp_groups is None:
+        return _unfinished("crossing_tp_groups")
+    if not callable(crossing_tp_groups):
+        return _verdict(False, "`crossing_tp_groups` must be a function of (world_size, tp, ranks_per_node)")
+    for world_size, tp, per_node in CROSSING_CASES:
+        call = f"crossing_tp_groups({world_size}, {tp}, {per_node})"
+        got = _attempt("crossing_tp_groups", call, lambda: crossing_tp_groups(world_size, tp, per_node))
+        if got is _FAILED:
+            return False
+        want = _crossing(world_size, tp, per_node)
+        try:
+            found = sorted(sorted(int(rank) for rank in group) for group in got)
+        except TypeError:
+            return _verdict(False, f"{call} must return a list of groups, each a list of ranks, got {got!r}")
+        if found != want:
+            return _verdict(False, f"{call} gives {len(found)} group(s), and {len(want)} of the {world_size // tp} "
+                                   f"tp groups are not all on one node: a node holds {per_node} consecutive ranks "
+                                   f"(rank // {per_node} is its node); a tp group is a row of the grid")
+    polaris, aurora = _crossing(12, 3, 4), _crossing(24, 8, 12)
+    return _verdict(True, f"tp 3 on 3 Polaris nodes: {len(polaris)} of 4 tp groups cross a node boundary "
+                          f"({polaris}); tp 8 on 2 Aurora nodes: {len(aurora)} of 3 ({aurora}); a tp that divides "
+                          "the ranks a node holds keeps every group inside one node")
 
 
 def check_tensor_parallel_mlp(ys, w1s, w2s, mlp, x, tolerance: float = 1e-4) -> bool:

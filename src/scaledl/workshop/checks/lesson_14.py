@@ -1,5 +1,5 @@
-"""Lesson 14's checks: a layout's memory per rank, a layout for a model on Polaris, and the fastest layout
-measured here."""
+"""Lesson 14's checks: a layout's memory per rank, a layout for a model on Polaris, and the messages and the
+measured order of three layouts here."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
@@ -104,26 +104,60 @@ def _kind(row: dict) -> str:
     return "tp" if row["tp"] > 1 else "pp" if row["pp"] > 1 else "dp"
 
 
-def check_fastest_here(fastest_here, rows: list[dict]) -> bool:
-    """`fastest_here` ("dp", "tp" or "pp"): the layout of the 2-rank runs (`scaledl.perf.bench.layouts.compare`'s
-    rows, one of each kind) that measured the fastest step; a wrong one is told what its predicted parts cost."""
+def _messages(row: dict) -> int:
+    """The collectives or sends one step of a 2-rank layout of `scaledl.perf.bench.layouts` waits on, as the
+    chooser counts them: dp one all-reduce of the gradients (the small model's fit in one DDP bucket); tp the
+    rung's all-reduces a block, for every block and micro batch; pp 2 (m + pp - 1) sends on the critical path."""
+    from scaledl.perf import predict
+    from scaledl.perf.bench import layouts
+
+    kind = _kind(row)
+    if kind == "tp":
+        return predict.RUNG_TP_ALLREDUCES_PER_BLOCK * layouts.SIZES["depth"] // row["pp"] * row["micro_batches"]
+    if kind == "pp":
+        return 2 * (row["micro_batches"] + row["pp"] - 1)
+    return 1
+
+
+def check_layouts_here(messages_here, order_here, rows: list[dict]) -> bool:
+    """`messages_here`: {"dp": n, "tp": n, "pp": n}, the all-reduces or sends one step of each 2-rank layout waits
+    on (`_messages`); `order_here`: the three kinds, fastest measured step first (`compare`'s rows, one of each
+    kind).  A FAIL names the idea to recount or reweigh, never the number or the order."""
     from scaledl.perf import predict
 
-    if fastest_here is None:
-        return _unfinished("fastest_here")
-    if fastest_here not in _KINDS:
-        return _verdict(False, f"`fastest_here` is one of \"dp\", \"tp\", \"pp\", got {fastest_here!r}")
+    if messages_here is None:
+        return _unfinished("messages_here")
+    if not isinstance(messages_here, dict) or set(messages_here) != set(_KINDS):
+        return _verdict(False, f"`messages_here` is a dict with the keys \"dp\", \"tp\" and \"pp\", got "
+                               f"{messages_here!r}")
     by_kind = {_kind(row): row for row in rows}
-    fastest = min(rows, key=lambda row: row["measured_ms"])
-    best = _kind(fastest)
-    if fastest_here == best:
-        return _verdict(True, f"{_KINDS[best]} ran the fastest step here; the table above shows where the chooser's "
-                              "parts put the other two")
-    mine = by_kind[fastest_here]
-    why = {"dp": f"one all-reduce of the gradients a step, {mine['dp_ms']:.3g} ms predicted",
-           "tp": f"{predict.RUNG_TP_ALLREDUCES_PER_BLOCK} all-reduces a block and micro batch, {mine['tp_ms']:.3g} ms "
-                 "predicted, none hidden",
-           "pp": f"a bubble of {mine['bubble']:.0%} and {mine['pp_ms']:.3g} ms of sends predicted"}[fastest_here]
-    return _verdict(False, f"{_KINDS[fastest_here]} measured {mine['measured_ms']:.3g} ms a step, {_KINDS[best]} "
-                           f"{fastest['measured_ms']:.3g} ms: {fastest_here} costs {why}, against the "
-                           f"{fastest['predicted_ms'] - fastest['compute_ms']:.3g} ms {best} adds to its compute")
+    hints = {"dp": "one step of data parallelism: how many times are the gradients reduced, in how many buckets?",
+             "tp": "a block's all-reduces in lesson 12's rung (forward and backward), times the blocks, times the "
+                   "micro batches of a step",
+             "pp": "each micro batch's activations go forward and its gradient back; the critical path also waits "
+                   "through the pipeline's fill and drain (lesson 11)"}
+    for kind in ("dp", "tp", "pp"):
+        found = messages_here[kind]
+        if isinstance(found, bool) or not isinstance(found, int):
+            return _verdict(False, f"`messages_here[\"{kind}\"]` is {found!r}: give a whole number")
+        want = _messages(by_kind[kind])
+        if found != want:
+            why = hints[kind]
+            if kind == "tp" and found == want // predict.RUNG_TP_ALLREDUCES_PER_BLOCK * \
+                    predict.MEGATRON_TP_ALLREDUCES_PER_BLOCK:
+                why = "that is Megatron-LM's count a block, with q, k and v fused; the rung's layers are not"
+            return _verdict(False, f"`messages_here[\"{kind}\"]` is {found}, not what the chooser counts: {why}")
+    if order_here is None:
+        return _unfinished("order_here")
+    if not isinstance(order_here, (list, tuple)) or sorted(order_here) != sorted(_KINDS):
+        return _verdict(False, f"`order_here` lists \"dp\", \"tp\" and \"pp\" once each, fastest first, got "
+                               f"{order_here!r}")
+    measured = [_kind(row) for row in sorted(rows, key=lambda row: row["measured_ms"])]
+    if list(order_here) != measured:
+        return _verdict(False, f"your counts are right, but {list(order_here)} is not the order the runs measured: "
+                               "weigh each layout's messages (about a millisecond each here, nothing overlapped) and "
+                               "the pipeline's bubble against its compute")
+    return _verdict(True, f"{' < '.join(measured)}, as measured ("
+                          + ", ".join(f"{kind} {by_kind[kind]['measured_ms']:.3g} ms" for kind in measured)
+                          + f"): {', '.join(f'{kind} waits on {_messages(by_kind[kind])}' for kind in measured)} "
+                          "messages a step")
