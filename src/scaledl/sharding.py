@@ -11,8 +11,9 @@ the same number of batches, which would skew the reported accuracy, so `eval_ind
 
 DataLoader workers (`num_workers > 0`) are started with "forkserver", not fork, once MPI is
 initialized: a child forked from an MPI process inherits its network registrations
-(libfabric on Slingshot, InfiniBand verbs), and on several nodes the job then hangs in the
-first collective or the first batch.  Forkserver workers start from a clean process.
+(libfabric on Slingshot, InfiniBand verbs), which can hang a multi-node job in its first
+collective or batch; on Polaris it did before ALCF's 2024 OS upgrade (ALCF's "PyTorch on
+Polaris" page).  Forkserver workers start from a clean process.
 """
 from __future__ import annotations
 

@@ -129,7 +129,8 @@ def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str
 
 
 SETUP = {
-    "polaris": ("# Polaris: the conda module has PyTorch built for CUDA, NCCL and the aws-ofi-nccl plugin.\n"
+    "polaris": ("# Polaris: the conda module has PyTorch built for CUDA and NCCL; the aws-ofi-nccl plugin lives in\n"
+                "# /soft/libraries/aws-ofi-nccl, which scaledl launch adds to LD_LIBRARY_PATH if needed (ALCF's NCCL page).\n"
                 "if command -v module >/dev/null 2>&1; then\n"
                 "    module use /soft/modulefiles\n"
                 "    module load conda\n"

@@ -126,7 +126,11 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
         cluster.config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-c", SLURM_ENGINE]
     command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
     try:
-        client = cluster.start_and_connect_sync()
+        # start_and_connect_sync, without its progress bar: a notebook keeps only a widget's first
+        # frame ("0/2 engine/s"), and the line printed below says the ranks are up.
+        cluster.start_cluster_sync(n=how.world_size)
+        client = cluster.connect_client_sync()
+        client.wait_for_engines(how.world_size, timeout=cluster.engine_timeout, interactive=False)
     except BaseException as error:
         # A start that timed out leaves the controller and the engines that did start running:
         # stop them, or the next start finds a node already busy with them.
@@ -146,8 +150,21 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     view = client[:]
     view.block = True  # each %%px cell waits for every rank and shows what each printed
     view.activate()  # %%px now runs on these engines
+    _no_progress_bar()
     print(f"{how.world_size} ranks up ({how.system}: {command})" + (f", {how.note}" if how.note else ""))
     return cluster, view
+
+
+def _no_progress_bar() -> None:
+    """Keep `%%px` from drawing its progress bar under a cell that runs over 2 s: the rungs print
+    their own progress, and a saved notebook keeps only the bar's first frame ("%px: 0/2 tasks").
+    `%%px --progress-after 2` brings it back for one cell."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    magics = shell.magics_manager.registry.get("ParallelMagics") if shell is not None else None
+    if magics is not None:
+        magics.progress_after_seconds = -1  # ipyparallel/client/magics.py: below 0, no bar
 
 
 def _stop_gently(cluster, client) -> None:
