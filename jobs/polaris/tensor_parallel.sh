@@ -19,8 +19,9 @@
 set -eo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
-# Polaris: the conda module has PyTorch built for CUDA and NCCL; the aws-ofi-nccl plugin lives in
-# /soft/libraries/aws-ofi-nccl, which scaledl launch adds to LD_LIBRARY_PATH if needed (ALCF's NCCL page).
+# Polaris: the conda module has PyTorch built for CUDA and NCCL; the aws-ofi-nccl plugin lives
+# in /soft/libraries/aws-ofi-nccl, which scaledl launch adds to LD_LIBRARY_PATH if needed
+# (ALCF's NCCL page).
 if command -v module >/dev/null 2>&1; then
     module use /soft/modulefiles
     module load conda
