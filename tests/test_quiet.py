@@ -82,3 +82,25 @@ print("returned", quiet._without_built_line(build)())
     assert "built successfully" not in whole
     assert "built True" in result.stdout  # the op was built: its line was there to drop
     assert "compiler says something\nreturned 7" in result.stdout
+
+
+def test_a_cpu_device_tells_deepspeed_its_accelerator_before_it_guesses():
+    """On a machine without a GPU, DeepSpeed imported with no DS_ACCELERATOR guesses the CPU and logs
+    "Setting accelerator to CPU"; `quiet.deepspeed("cpu")` first sets DS_ACCELERATOR=cpu, and no guess is logged.
+    A GPU device, or a DS_ACCELERATOR already set, is left as it is."""
+    code = """
+import os
+from scaledl import quiet
+quiet.deepspeed({device!r})
+import deepspeed
+print("accelerator", os.environ.get("DS_ACCELERATOR"))
+"""
+    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-c", code.format(device="cpu")], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "accelerator cpu" in result.stdout
+    assert "Setting accelerator to CPU" not in result.stdout + result.stderr
+    result = subprocess.run([sys.executable, "-c", code.format(device="cuda:0")], capture_output=True, text=True,
+                            env={**env, "DS_ACCELERATOR": "cuda"}, timeout=300)
+    assert "accelerator cuda" in result.stdout

@@ -1,8 +1,8 @@
 """Keep library noise that a learner cannot act on out of a run's and a notebook's outputs, at its source.
 
-    import deepspeed
     from scaledl import quiet
-    quiet.deepspeed()      # on every rank, before deepspeed.initialize
+    quiet.deepspeed(device)  # on every rank, before deepspeed.initialize; on a CPU before `import deepspeed`
+    import deepspeed
     with quiet.flatten_advice():   # around a gather of whole tensors from a 2-D mesh
 
 Nothing here hides an error: each function names the one message it silences and why.
@@ -31,9 +31,17 @@ def _descriptor_2_to_devnull():
         os.close(devnull)
 
 
-def deepspeed() -> None:
+def deepspeed(device=None) -> None:
     """Run DeepSpeed's probe of the ops this machine can build now, with descriptor 2 at /dev/null,
     and silence torch's deprecation warning for the collectives DeepSpeed calls by old names.
+
+    `device`, the torch device (or its name) this process trains on: where it is the CPU and
+    `DS_ACCELERATOR` is not set, it is set to "cpu" before DeepSpeed is first imported, so that
+    DeepSpeed does not guess its accelerator and log "Setting accelerator to CPU. If you have GPU
+    or other accelerator, we were unable to detect it." (`get_accelerator`,
+    deepspeed/accelerator/real_accelerator.py, 0.19.8).  That is the setting the deepspeed
+    launcher's environment gets on a machine without a GPU (`scaledl.hpc.launchers.local_env`);
+    it has no effect once DeepSpeed has been imported, so call this first.
 
     The probe (`deepspeed.ops.__compatible_ops__`, first read when `deepspeed.initialize` builds
     its communication backend) compiles and links small test programs, libaio's `io_submit`
@@ -61,6 +69,8 @@ def deepspeed() -> None:
     """
     import importlib
 
+    if device is not None and str(device).split(":")[0] == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed.ops
 
     for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):

@@ -228,7 +228,7 @@ def test_lessons_import_no_rung_internals():
 
 
 # The Polaris recipe each lesson prints, and the rung it is for.
-RECIPES = {"00_setup": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
+RECIPES = {"00_batch_jobs": "ddp", "02_single_device": "single_torch", "03_collectives": "ddp",
            "04_horovod_tf": "horovod_tf", "05_horovod_torch": "horovod_torch", "06_ddp": "ddp",
            "08_deepspeed": "deepspeed", "09_zero_fsdp": "zero3", "10_memory": "ddp", "11_pipelines": "pipeline",
            "12_tensor_parallel": "fsdp_tp", "13_sequences": "tensor_parallel"}

@@ -164,7 +164,9 @@ def _no_progress_bar() -> None:
     shell = get_ipython()
     magics = shell.magics_manager.registry.get("ParallelMagics") if shell is not None else None
     if magics is not None:
-        magics.progress_after_seconds = -1  # ipyparallel/client/magics.py: below 0, no bar
+        # ipyparallel/client/magics.py draws the bar only after this many seconds: never, in a lesson. Below 0 it
+        # would also skip its wait for the ranks' output, and a cell would lose what some ranks printed.
+        magics.progress_after_seconds = 10**6
 
 
 def _stop_gently(cluster, client) -> None:

@@ -170,7 +170,8 @@ def ddp_timeline(events_by_rank: list):
             y = rank * 3.2 + (1 - offset) * 1.4
             yticks.append(y)
             ylabels.append(f"rank {rank} {row}")
-            outside = 0
+            levels = [0.36, -0.36, 0.62, -0.62]  # beside the bar: above, below, then a step further out
+            ends = dict.fromkeys(levels, -math.inf)  # where the last label at each level ends, in ms
             for kind, label, start, end in sorted((e for e in events if e[0] == row), key=lambda e: e[2]):
                 start_ms, width_ms = start * 1e3, max((end - start) * 1e3, min_width_ms)
                 color = COLORS["backward"] if row == "backward" else COLORS["comm"]
@@ -178,12 +179,13 @@ def ddp_timeline(events_by_rank: list):
                 middle = start_ms + width_ms / 2
                 if len(label) + 1 <= width_ms * chars_per_ms:
                     ax.text(middle, y, label, ha="center", va="center", fontsize=6)
-                else:  # beside the bar; near an end of the axis, running inwards
-                    above = outside % 2 == 0
+                else:  # beside the bar, at the first level still free there; near an end of the axis, running inwards
                     align = "left" if middle < 0.05 * span_ms else "right" if middle > 0.95 * span_ms else "center"
-                    ax.text(middle, y + (0.36 if above else -0.36), label, ha=align,
-                            va="bottom" if above else "top", fontsize=6)
-                    outside += 1
+                    text_ms = (len(label) + 1) / chars_per_ms
+                    left = middle - {"left": 0, "center": text_ms / 2, "right": text_ms}[align]
+                    level = next((lv for lv in levels if ends[lv] <= left), min(levels, key=ends.get))
+                    ends[level] = left + text_ms
+                    ax.text(middle, y + level, label, ha=align, va="bottom" if level > 0 else "top", fontsize=6)
     ax.set(yticks=yticks, yticklabels=ylabels, xlabel="ms since backward started", xlim=(0, span_ms * 1.02),
            ylim=(-0.9, (len(events_by_rank) - 1) * 3.2 + 2.3),
            title="DDP on every rank (torch.profiler): backward op by op, all-reduce bucket by bucket\n"
@@ -695,7 +697,7 @@ def layout_parts(rows: list[dict], title: str = ""):
                       "tp all-reduces": row["tp_s"], "pp sends": row["pp_s"], "dp communication": row["dp_s"]})
     colors = {"compute": "#9ecae1", "bubble": "#d9d9d9", "tp all-reduces": "#fdae6b", "pp sends": "#a1d99b",
               "dp communication": "#bcbddc"}
-    height = 1.4 + 0.45 * len(rows)  # inches: a bar a row, and room for the legend below the axis
+    height = 1.9 + 0.45 * len(rows)  # inches: a bar a row, and room for the legend below the axis
     fig, ax = _figure(9, height)
     labels = [f"dp {r['dp']} tp {r['tp']} pp {r['pp']} ZeRO-{r['zero']} {r['recompute']} b{r['micro_batch_size']}"
               for r in rows]
@@ -710,7 +712,8 @@ def layout_parts(rows: list[dict], title: str = ""):
            title=title or "each layout's step, part by part (fastest at the top)")
     ax.invert_yaxis()
     ax.set_xlim(0, 1.25 * max(r["step_s"] for r in rows))
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / height - 0.1), ncol=5)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside lower center", ncol=5)  # constrained layout makes room
     return fig
 
 

@@ -45,17 +45,20 @@ def test_binding_prediction_check(capsys):
     consistent = {gpus: {r: (g, table[g]) for r, g in enumerate(gpus)}
                   for gpus in [(3, 2, 0, 1), (3, 0, 1, 2), (1, 1, 1, 1), (2, 3, 0, 1)]}
     near = fails(capsys, checks.check_binding_prediction(consistent[(3, 2, 0, 1)], placements, gpu_nodes),
-                 "not the GPUs this launch gives", "CUDA_VISIBLE_DEVICES for each local rank")  # 2 of 4 right
+                 "not the GPUs this launch gives", "NUMA node of its cores")  # 2 of 4 right
     for gpus, prediction in consistent.items():
         line = fails(capsys, checks.check_binding_prediction(prediction, placements, gpu_nodes))
         assert line == near, (gpus, line)  # 1, 2 or no GPU right: the same words
         no_answer(line)
+        assert "CUDA_VISIBLE_DEVICES" not in line, line
     # The guess most people make first, rank r on GPU r (NUMA node r, or the table's): the misreading it is gets a
     # line of its own, a named idea, not an entry.
     for guess in ({r: (r, r) for r in range(4)}, {r: (r, table[r]) for r in range(4)}):
         line = fails(capsys, checks.check_binding_prediction(guess, placements, gpu_nodes), "cuda:<local_rank>",
-                     "CUDA_VISIBLE_DEVICES to for each local rank")
+                     "NUMA node of its cores in the table")
         no_answer(line)
+        # The learner answers from the table before the wrapper is printed: no failure gives its formula away.
+        assert "CUDA_VISIBLE_DEVICES" not in line and "3 -" not in line, line
     # A NUMA node that is not the table's for the GPU named: the ranks are named (the table is printed anyway).
     line = fails(capsys, checks.check_binding_prediction({0: (2, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}, placements,
                                                          gpu_nodes), "local rank 0: the NUMA node", "that GPU's row")

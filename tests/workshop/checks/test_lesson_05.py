@@ -55,3 +55,20 @@ def test_summed_step_check(capsys):
     assert not checks.check_summed_step(None, REFERENCES, WORLD)
     fails(capsys, checks.check_summed_step(results(SUM, sgd(1))[:1], REFERENCES[:1], 1), "start 2 or more")
     fails(capsys, checks.check_summed_step(results(SUM, sgd(1)), [None, None], WORLD), "reference cell")
+
+
+def test_resumed_start_check(capsys):
+    """Exercise 2's order: wrap, load the checkpoint into the wrapped optimizer, then broadcast."""
+    own = ["r0", "r1"]  # each rank's own checkpoint
+    right = [{"optimizer": "r0", "resumed": r} for r in own]
+    assert checks.check_resumed_start(right)
+    assert "wrapped, loaded, then broadcast" in verdict(capsys)
+    # Broadcast, then load: each rank's own momentum comes back (a missing broadcast looks the same).
+    fails(capsys, checks.check_resumed_start([{"optimizer": r, "resumed": r} for r in own]),
+          "rank 1 starts from its own checkpoint's optimizer state", "after loading the checkpoint")
+    # Loaded before the wrap (or never): every rank agrees, on an empty or fresh state.
+    fails(capsys, checks.check_resumed_start([{"optimizer": "fresh", "resumed": r} for r in own]),
+          "rank 0 starts from an optimizer state that is not rank 0's checkpoint", "wrap first")
+    fails(capsys, checks.check_resumed_start([right[0], None]), "did not finish")
+    fails(capsys, checks.check_resumed_start(None), "did not finish")
+    fails(capsys, checks.check_resumed_start(right[:1]), "start 2 or more")

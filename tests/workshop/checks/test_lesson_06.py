@@ -96,6 +96,24 @@ def test_wrap_prediction_check(capsys):
     fails(capsys, checks.check_wrap_prediction(after[:1], after[:1], before[:1]), "start 2 or more")
 
 
+def test_uneven_step_check(capsys):
+    """Exercise 1b's second prediction: after a step at two learning rates the gradients agree, the weights not."""
+    measured = [{"grads": "g1", "weights": "w0"}, {"grads": "g1", "weights": "w1"}]
+    assert checks.check_uneven_step({"grads": True, "weights": False}, measured)
+    assert "sends the weights only at construction" in verdict(capsys)
+    # The guess that DDP keeps the weights equal whatever the optimizers do.
+    fails(capsys, checks.check_uneven_step({"grads": True, "weights": True}, measured), "sends no weights after its "
+          "constructor")
+    # The guess that each rank keeps its own gradient when the learning rates differ.
+    fails(capsys, checks.check_uneven_step({"grads": False, "weights": False}, measured), "average over the ranks")
+    fails(capsys, checks.check_uneven_step({"grads": False, "weights": True}, measured), "average over the ranks")
+    fails(capsys, checks.check_uneven_step({"grads": "yes", "weights": False}, measured), "two booleans")
+    fails(capsys, checks.check_uneven_step([True, False], measured), "two booleans")
+    fails(capsys, checks.check_uneven_step(None, measured), "`after_uneven_step` is not set")
+    fails(capsys, checks.check_uneven_step({"grads": True, "weights": False}, [measured[0], None]), "did not run")
+    fails(capsys, checks.check_uneven_step({"grads": True, "weights": False}, measured[:1]), "start 2 or more")
+
+
 def test_in_sync_check_needs_two_ranks(capsys):
     fails(capsys, checks.check_in_sync(["abc"]), "start 2 or more")
     assert checks.check_in_sync(["abc"] * 3)
@@ -143,6 +161,30 @@ def test_bucket_check_names_each_wrong_rule(capsys):
     def untouched(model, bucket_cap_mb=None):
         raise NotImplementedError
     fails(capsys, checks.check_ddp_buckets(untouched), "NotImplementedError")
+
+
+def test_bucket_check_takes_autograds_ready_order(capsys):
+    """Inside a convolution autograd makes the weight's gradient before the bias's, the order DDP records: the
+    same buckets as the parameters reversed at every cap the check uses, so both pass."""
+    import torch.nn as nn
+
+    def predict(model, bucket_cap_mb=None):
+        buckets = learner_buckets()(model, bucket_cap_mb)
+        conv = [name for name, module in model.named_modules() if isinstance(module, nn.Conv2d)]
+        ordered = []
+        for bucket in buckets:
+            bucket = list(bucket)
+            for layer in conv:  # the weight before the bias, where both are in this bucket
+                if f"{layer}.bias" in bucket and f"{layer}.weight" in bucket:
+                    i, j = bucket.index(f"{layer}.bias"), bucket.index(f"{layer}.weight")
+                    bucket[i], bucket[j] = bucket[j], bucket[i]
+            ordered.append(bucket)
+        return ordered
+    assert checks.check_ddp_buckets(predict)
+    assert verdict(capsys).startswith("PASS: ")
+    # A bucket that holds the right names but one too many is still wrong.
+    fails(capsys, checks.check_ddp_buckets(lambda model, cap: [b + ["0.bias"] for b in learner_buckets()(model, cap)]),
+          "you made", "DDP makes")
 
 
 def test_bucket_check_takes_an_unusual_right_answer(capsys):

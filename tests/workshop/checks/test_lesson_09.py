@@ -9,44 +9,46 @@ from conftest import fails, untouched, verdict
 from scaledl.workshop import checks
 
 
-def zero_solution(num_params, world_size, stage):
-    return {"params": 2 * num_params / (world_size if stage >= 3 else 1),
-            "grads": 2 * num_params / (world_size if stage >= 2 else 1),
-            "optimizer": 12 * num_params / (world_size if stage >= 1 else 1)}
+def zero_solution(num_params, world_size, stage, params=2, grads=2, optimizer=12):
+    return {"params": params * num_params / (world_size if stage >= 3 else 1),
+            "grads": grads * num_params / (world_size if stage >= 2 else 1),
+            "optimizer": optimizer * num_params / (world_size if stage >= 1 else 1)}
 
 
 def test_zero_formula_check(capsys):
-    def swapped(num_params, world_size, stage):  # parameters partitioned at stage 2, gradients at 3: same totals
-        return {"params": 2 * num_params / (world_size if stage >= 2 else 1),
-                "grads": 2 * num_params / (world_size if stage >= 3 else 1),
-                "optimizer": 12 * num_params / (world_size if stage >= 1 else 1)}
+    def swapped(num_params, world_size, stage, params=2, grads=2, optimizer=12):  # parameters at 2, gradients at 3
+        return {"params": params * num_params / (world_size if stage >= 2 else 1),
+                "grads": grads * num_params / (world_size if stage >= 3 else 1),
+                "optimizer": optimizer * num_params / (world_size if stage >= 1 else 1)}
 
-    def forgot_gradients(num_params, world_size, stage):
-        return {**zero_solution(num_params, world_size, stage), "grads": 2 * num_params}
+    def paper_only(num_params, world_size, stage, params=2, grads=2, optimizer=12):  # the text's 2 + 2 + 12, copied
+        return zero_solution(num_params, world_size, stage)
 
-    def total_only(num_params, world_size, stage):
-        return sum(zero_solution(num_params, world_size, stage).values())
+    def forgot_gradients(num_params, world_size, stage, *sizes):
+        parts = zero_solution(num_params, world_size, stage, *sizes)
+        return {**parts, "grads": parts["grads"] * (world_size if stage >= 2 else 1)}
 
-    def fp32_sizes(num_params, world_size, stage):
-        return {key: value * 2 if key != "optimizer" else value for key, value in
-                zero_solution(num_params, world_size, stage).items()}
+    def total_only(num_params, world_size, stage, *sizes):
+        return sum(zero_solution(num_params, world_size, stage, *sizes).values())
 
-    def stage_off_by_one(num_params, world_size, stage):  # `stage > 1` where `stage >= 1` belongs
-        return zero_solution(num_params, world_size, stage - 1 if stage else 0)
+    def stage_off_by_one(num_params, world_size, stage, *sizes):  # `stage > 1` where `stage >= 1` belongs
+        return zero_solution(num_params, world_size, stage - 1 if stage else 0, *sizes)
 
-    def padded(num_params, world_size, stage):  # unusual but right: whole bytes, rounded up per partition
-        return {key: math.ceil(value) for key, value in zero_solution(num_params, world_size, stage).items()}
+    def padded(num_params, world_size, stage, *sizes):  # unusual but right: whole bytes, rounded up per partition
+        return {key: math.ceil(value) for key, value in zero_solution(num_params, world_size, stage, *sizes).items()}
 
     assert checks.check_zero_formula(zero_solution)
-    verdict(capsys)
+    assert "18 with fp32 gradients" in verdict(capsys)
     assert checks.check_zero_formula(padded, world_size=7)
     verdict(capsys)
+    # The paper's bytes hard-coded: right for 16 bytes a parameter, wrong for fp32 gradients.
+    fails(capsys, checks.check_zero_formula(paper_only), "2 + 4 + 12 = 18 bytes per parameter", "the argument `grads`")
     fails(capsys, checks.check_zero_formula(stage_off_by_one), "stage 1: optimizer states are partitioned from stage 1")
     assert sum(swapped(7.5e9, 8, 2).values()) == sum(zero_solution(7.5e9, 8, 2).values())
     fails(capsys, checks.check_zero_formula(swapped), "stage 2", "every rank still holds all the parameters")
     fails(capsys, checks.check_zero_formula(forgot_gradients), "stage 2: gradients are partitioned from stage 2")
     fails(capsys, checks.check_zero_formula(total_only), "return a dict")
-    fails(capsys, checks.check_zero_formula(fp32_sizes), "2 bytes (fp16)")
+    fails(capsys, checks.check_zero_formula(lambda n, w, s: zero_solution(n, w, s)), "TypeError")
     fails(capsys, checks.check_zero_formula(untouched), "NotImplementedError")
     fails(capsys, checks.check_zero_formula(None), "not set")
 
@@ -107,45 +109,76 @@ def test_engine_bytes_check(capsys):
 
 # ---------------------------------------------------------------- FSDP2
 
-def fsdp2_solution(num_layers, reshard_after_forward=True):
-    return {"all_gathers": (2 if reshard_after_forward else 1) * num_layers, "reduce_scatters": num_layers}
+def fsdp2_solution(num_layers, root_holds_params, reshard_after_forward=None):
+    root = (2 if reshard_after_forward is True else 1) if root_holds_params else 0
+    return {"all_gathers": (1 if reshard_after_forward is False else 2) * num_layers + root,
+            "reduce_scatters": num_layers + bool(root_holds_params)}
 
 
-# What CommDebugMode counted on 2 gloo ranks of torch 2.13 for torch_cnn's 4 layers, each sharded, then the root.
-COUNTED = {True: {"all_gathers": 8, "reduce_scatters": 4, "layers": 4, "whole_after_forward": 0},
-           False: {"all_gathers": 4, "reduce_scatters": 4, "layers": 4, "whole_after_forward": 4}}
+# What CommDebugMode counted on 2 gloo ranks of torch 2.13 for torch_cnn with its two convolutions sharded on their
+# own and its two linear layers left to the root's fully_shard.
+COUNTED = {"None": {"all_gathers": 5, "reduce_scatters": 3, "layers": 2, "root_holds_params": True,
+                  "whole_after_forward": 0},
+           "True": {"all_gathers": 6, "reduce_scatters": 3, "layers": 2, "root_holds_params": True,
+                  "whole_after_forward": 0},
+           "False": {"all_gathers": 3, "reduce_scatters": 3, "layers": 2, "root_holds_params": True,
+                   "whole_after_forward": 2}}
 
 
 def test_fsdp_collectives_check(capsys):
     assert checks.check_fsdp_collectives(fsdp2_solution)
-    assert "all 6 cases" in verdict(capsys)
+    assert "all 9 cases" in verdict(capsys)
     assert checks.check_fsdp_collectives(fsdp2_solution, [COUNTED] * 2)
-    assert "8 all-gathers and 4 reduce-scatters with reshard_after_forward=True" in verdict(capsys)
+    assert "5 all-gathers and 3 reduce-scatters with reshard_after_forward=None" in verdict(capsys)
     # Unusual but right: numpy numbers, 4 ranks.
-    assert checks.check_fsdp_collectives(lambda n, r=True: {"all_gathers": np.int64(n * (1 + bool(r))),
-                                                           "reduce_scatters": np.int64(n)}, [COUNTED] * 4)
+    assert checks.check_fsdp_collectives(lambda n, root, r=None: {
+        key: np.int64(value) for key, value in fsdp2_solution(n, root, r).items()}, [COUNTED] * 4)
     verdict(capsys)
 
-    def rule(gathers, scatters=lambda n, r: n):
-        return lambda n, r=True: {"all_gathers": gathers(n, r), "reduce_scatters": scatters(n, r)}
+    def rule(gathers, scatters=lambda n, root, r: n + bool(root)):
+        return lambda n, root, r=None: {"all_gathers": gathers(n, root, r), "reduce_scatters": scatters(n, root, r)}
 
+    right = lambda n, root, r: fsdp2_solution(n, root, r)["all_gathers"]  # noqa: E731
+    # The 2n pattern of a root without parameters, copied: the root's own group forgotten.
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: (1 if r is False else 2) * n,
+                                                     lambda n, root, r: n)),
+          "root's own parameters are a group too")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: (1 if r is False else 2) * n)),
+          "root's own parameters are a group too: they are all-gathered")
+    # The root counted as a layer that reshards, under the default.
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: right(n, root, r) + (root and r is None))),
+          "the root keeps its parameters")
+    # An explicit True taken as the default for the root.
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: right(n, root, r) - (root and r is True))),
+          "only the default (None) keeps the root gathered")
     # Backward's second gather forgotten, or made where the layer kept its weights.
-    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: n)), "all-gathers them again")
-    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: 2 * n)), "once a step")
-    # The root counted as a layer; a collective per tensor (weight and bias).
-    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: (2 if r else 1) * n + 1)), "root")
-    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: 2 * (2 if r else 1) * n)), "not tensors")
-    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: (2 if r else 1) * n, lambda n, r: 0)),
-          "reduce-scatters each layer's gradients")
-    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, r: (2 if r else 1) * n, lambda n, r: 2 * n)),
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: n + (1 if root else 0))), "again")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: 2 * n + (1 if root else 0))), "once a step")
+    # The root without parameters counted anyway; a collective per tensor (weight and bias).
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: right(n, root, r) + (not root))),
+          "root here holds no parameters")
+    fails(capsys, checks.check_fsdp_collectives(rule(lambda n, root, r: 2 * right(n, root, r))), "not tensors")
+    fails(capsys, checks.check_fsdp_collectives(rule(right, lambda n, root, r: 0)),
+          "reduce-scatters each group's gradients")
+    fails(capsys, checks.check_fsdp_collectives(rule(right, lambda n, root, r: 2 * (n + bool(root)))),
           "leave once a step")
-    fails(capsys, checks.check_fsdp_collectives(lambda n, r: (n, n)), "two keys")
+    fails(capsys, checks.check_fsdp_collectives(lambda n, root, r=None: (n, n)), "two keys")
     # Right on the cases, but not what the ranks counted (a count that is not this setting's), or no count.
-    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [{**COUNTED, True: {**COUNTED[True],
-                                                                                 "all_gathers": 7}}] * 2),
-          "live ranks counted 7 all-gathers")
-    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [COUNTED, {**COUNTED, False: COUNTED[True]}]),
+    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [{**COUNTED, "None": {**COUNTED["None"],
+                                                                                   "all_gathers": 4}}] * 2),
+          "live ranks counted 4 all-gathers")
+    fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [COUNTED, {**COUNTED, "False": COUNTED["True"]}]),
           "different collectives")
     fails(capsys, checks.check_fsdp_collectives(fsdp2_solution, [None, None]), "no count")
     fails(capsys, checks.check_fsdp_collectives(untouched), "NotImplementedError")
     fails(capsys, checks.check_fsdp_collectives(None), "not set")
+
+
+def test_the_live_count_travels_through_ipyparallel():
+    """ipyparallel sorts the keys of a dict it sends: the live count keys its settings by strings, which sort."""
+    import pytest
+
+    serialize = pytest.importorskip("ipyparallel.serialize")
+    assert serialize.deserialize_object(serialize.serialize_object(COUNTED))[0] == COUNTED
+    with pytest.raises(TypeError):
+        serialize.serialize_object({None: 1, True: 2, False: 3})

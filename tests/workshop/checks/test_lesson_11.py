@@ -34,9 +34,15 @@ def test_pipeline_check(capsys):
         # A buffer received into, but never filled by rank 0 (torch.empty or zeros).
         zeros = torch.zeros_like(first)
         fails(capsys, checks.check_pipeline(zeros, whole[6:](zeros), first, full), "does not hold rank 0's output")
-        # A buffer of the wrong shape.
-        fails(capsys, checks.check_pipeline(torch.zeros(16, 32, 14, 14), None, first, full),
-              "shape (16, 32, 14, 14)", "(16, 32, 7, 7)")
+        # A buffer of the wrong shape: one pool forgotten. The FAIL names the learner's shape, never the answer.
+        line = fails(capsys, checks.check_pipeline(torch.zeros(16, 32, 14, 14), None, first, full),
+                     "shape (16, 32, 14, 14)", "another number of elements", "pooling")
+        assert "(16, 32, 7, 7)" not in line
+        # As many elements, flattened as the classifier's Flatten would: its logits come out right, the shape not.
+        flat = first.reshape(16, -1).clone()
+        line = fails(capsys, checks.check_pipeline(flat, whole[6:](flat), first, full), "shape (16, 1568)",
+                     "as many elements, in another shape")
+        assert "(16, 32, 7, 7)" not in line
         # Received right, then the wrong layers run on it.
         fails(capsys, checks.check_pipeline(first.clone(), None, first, full), "no `logits`")
         fails(capsys, checks.check_pipeline(first.clone(), whole[8:](torch.zeros(16, 128)), first, full),

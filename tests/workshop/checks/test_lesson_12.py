@@ -104,3 +104,25 @@ def test_crossing_groups(capsys):
         lambda n, tp, per_node: [g for g in rank_groups(n, tp)["dp"] if len({r // per_node for r in g}) > 1]),
         "crossing_tp_groups(8, 4, 4) gives 4 group(s), and 0 of the 2")
     fails(capsys, checks.check_crossing_groups(lambda n, tp, per_node: 5), "must return a list of groups")
+
+
+# ---------------------------------------------------------------- the all-reduces a block makes
+
+COUNTED = [(4, 8, 2), (4, 8, 2)]  # CommDebugMode on 2 ranks, a 2-block model: forward, backward, depth
+
+
+def test_allreduce_count(capsys):
+    assert checks.check_allreduce_count({"forward": 2, "backward": 4}, COUNTED)
+    assert "2 all-reduces a block in forward and 4 in backward" in verdict(capsys)
+    # Megatron-LM's count, q, k and v fused: the rung's plan does not fuse them.
+    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 2}, COUNTED), "Megatron-LM's count")
+    fails(capsys, checks.check_allreduce_count({"forward": 4, "backward": 4}, COUNTED), "[\"forward\"]")
+    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 6}, COUNTED), "column-wise layers")
+    # A FAIL names the pass, never the number.
+    line = fails(capsys, checks.check_allreduce_count({"forward": 6, "backward": 4}, COUNTED), "partial sum")
+    assert not any(character.isdigit() for character in line), line
+    fails(capsys, checks.check_allreduce_count({"forward": 2.0, "backward": 4}, COUNTED), "whole number")
+    fails(capsys, checks.check_allreduce_count({"fwd": 2, "bwd": 4}, COUNTED), "keys")
+    fails(capsys, checks.check_allreduce_count(None, COUNTED), "is not set")
+    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 4}, [None, None]), "no count")
+    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 4}, [(4, 8, 2), (2, 4, 2)]), "different")

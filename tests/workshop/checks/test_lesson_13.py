@@ -41,11 +41,15 @@ def test_sp_block_bytes(capsys):
     fails(capsys, checks.check_sp_block_bytes(lambda *size: sp_block_bytes(*size) / 4), "4 bytes a value")
     fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t, sp: s * b * h), "walk the block")
     fails(capsys, checks.check_sp_block_bytes(lambda *size: "lots"), "return a number of bytes")
-    # The tp that saves a fifth: unset, Megatron-LM's, one too few, a larger power of two, not a number.
+    # The tp that saves a fifth: unset, Megatron-LM's, too few, one the heads do not allow, too many, not a number.
     fails(capsys, checks.check_sp_block_bytes(sp_block_bytes), "`tp_for_a_fifth` is not set")
     fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 2), "Megatron-LM's count")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 3), "saves 17.0%, less than a fifth")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 8), "a smaller tp already saves a fifth")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 1), "saves 0.0%, less than a fifth")
+    # A tp the heads do not allow: 3 would save too little, 8 would save enough, but neither divides 4 heads.
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 3), "does not divide the 4 heads")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 8), "does not divide the 4 heads")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 12, width=768, heads=12),
+          "a smaller tp already saves a fifth")
     fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 0.2), "a whole number of ranks")
 
 

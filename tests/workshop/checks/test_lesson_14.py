@@ -1,6 +1,8 @@
 """Lesson 14's checks (the capstone's layout, the fastest layout measured here): each passes the right
 answer and names the fault of a wrong one."""
 
+import pytest
+
 from conftest import fails, verdict
 from scaledl.workshop import checks
 
@@ -9,46 +11,66 @@ def layout(**changes):
     return {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch_size": 1, **changes}
 
 
-def step_of(layout):
-    """The chooser's predicted step of `layout`: what a learner's sum of the parts comes to."""
+def parts_of(layout, **changes):
+    """The chooser's predicted step of `layout`, part by part: what a learner's table comes to; `changes` scale
+    parts (a wrong part)."""
     from scaledl import models
     from scaledl.perf import choose, predict
+    from scaledl.workshop.checks.lesson_14 import step_parts
 
-    return choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
-                           *(layout[key] for key in ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")))[
-        "step_s"]
+    row = choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
+                          *(layout[key] for key in ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")))
+    parts = step_parts(row)
+    assert sum(parts.values()) == pytest.approx(row["step_s"], rel=1e-12)
+    return {key: value * changes.get(key, 1.0) for key, value in parts.items()}
 
 
-def check(layout, step_s="right"):
-    return checks.check_layout(layout, step_of(layout) if step_s == "right" else step_s)
+def check(layout, parts="right"):
+    return checks.check_layout(layout, parts_of(layout) if parts == "right" else parts)
 
 
 def test_layout(capsys):
     assert check(layout())
     assert "within 5% of the fastest that fits" in verdict(capsys)
-    assert check(layout(dp=8, pp=2, zero=0))  # the predictor's fastest
+    assert check(layout(dp=8, pp=2, zero=0))  # the predictor's fastest: ZeRO-0's exposed-time rule, pp on NVLink
     verdict(capsys)
-    # The step summed by hand, within 2%: compute alone (8.0 s of 8.28) is not enough for ZeRO-1 on 16 ranks.
-    assert checks.check_layout(layout(), step_of(layout()) * 1.019)
+    # The table's worked example: every part present and right, but 12% slower than the fastest.
+    fails(capsys, check(layout(dp=4, tp=2, pp=2)), "more than 5% slower", "tensor parallelism's all-reduces")
+    # Each part within 2%, and a part that is zero may be off by a millisecond.
+    assert checks.check_layout(layout(), parts_of(layout(), compute=1.019, dp=0.981))
     verdict(capsys)
-    fails(capsys, checks.check_layout(layout(), 7.993), "`layout_step_s` is not within 2%")
-    fails(capsys, checks.check_layout(layout(), "8.28"), "`layout_step_s` is not within 2%")
-    fails(capsys, checks.check_layout(layout(), None), "`layout_step_s` is not set")
-    fails(capsys, checks.check_layout(None, 1.0), "`layout` is not set")
-    fails(capsys, check({"dp": 16}, 1.0), "must be a dict with the keys")
+    # A wrong part is named, never its value.
+    line = fails(capsys, checks.check_layout(layout(), parts_of(layout(), dp=1.1)), "`layout_parts[\"dp\"]`",
+                 "5. dp's communication")
+    assert "0.2" not in line and "0.3" not in line, line
+    # The dp ring's 50 GB/s not shared by min(tp x pp, 4) rings: 2 rings for the worked example.
+    fails(capsys, checks.check_layout(layout(dp=4, tp=2, pp=2), parts_of(layout(dp=4, tp=2, pp=2), dp=0.5)),
+          "`layout_parts[\"dp\"]`")
+    # The bubble forgotten, tp's all-reduces at Megatron-LM's count but 6 a block, pp's sends on Slingshot.
+    example = layout(dp=4, tp=2, pp=2)
+    fails(capsys, checks.check_layout(example, parts_of(example, bubble=0.0)), "2. the bubble")
+    fails(capsys, checks.check_layout(example, parts_of(example, tp=1.5)), "3. tp's all-reduces")
+    fails(capsys, checks.check_layout(example, parts_of(example, pp=1.5)), "4. pp's sends")
+    fails(capsys, checks.check_layout(layout(), parts_of(layout(), compute=8 / 6)), "1. compute")
+    fails(capsys, checks.check_layout(layout(), {"compute": 8.0}), "must be a dict with the keys")
+    fails(capsys, checks.check_layout(layout(), {**parts_of(layout()), "dp": "0.28"}), "give seconds")
+    fails(capsys, checks.check_layout(layout(), 8.28), "must be a dict with the keys")
+    fails(capsys, checks.check_layout(layout(), None), "`layout_parts` is not set")
+    fails(capsys, checks.check_layout(None, {}), "`layout` is not set")
+    fails(capsys, check({"dp": 16}, {}), "must be a dict with the keys")
     fails(capsys, check(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
-    # A slow layout is named slow only once its step is right: each one tried costs its arithmetic.
-    fails(capsys, check(layout(recompute="full"), 1.0), "`layout_step_s` is not within 2%")
+    # A slow layout is named slow only once its parts are right: each one tried costs its arithmetic.
+    fails(capsys, check(layout(recompute="full"), parts_of(layout())), "`layout_parts[\"compute\"]`")
     fails(capsys, check(layout(recompute="full")), "adds a third to the compute")
     fails(capsys, check(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
-    fails(capsys, check(layout(dp=2, tp=8), 1.0), "stays inside a node")
-    fails(capsys, check(layout(dp=8, pp=2, zero=3), 1.0), "refuses ZeRO-2 and ZeRO-3")
-    fails(capsys, check(layout(dp=8), 1.0), "must use the 16 ranks")
-    fails(capsys, check(layout(dp=1, tp=4, pp=4, zero=1), 1.0), "nothing to partition")
-    fails(capsys, check(layout(dp=16, pp=1, tp=1, micro_batch_size=3), 1.0), "equal parts")
-    fails(capsys, check(layout(dp=16 // 3 * 3, tp=1, pp=1), 1.0), "must use the 16 ranks")
-    fails(capsys, check(layout(recompute="selective"), 1.0), "recompute is one of")
-    fails(capsys, check(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1"), 1.0), "whole numbers")
+    fails(capsys, check(layout(dp=2, tp=8), {}), "stays inside a node")
+    fails(capsys, check(layout(dp=8, pp=2, zero=3), {}), "refuses ZeRO-2 and ZeRO-3")
+    fails(capsys, check(layout(dp=8), {}), "must use the 16 ranks")
+    fails(capsys, check(layout(dp=1, tp=4, pp=4, zero=1), {}), "nothing to partition")
+    fails(capsys, check(layout(dp=16, pp=1, tp=1, micro_batch_size=3), {}), "equal parts")
+    fails(capsys, check(layout(dp=16 // 3 * 3, tp=1, pp=1), {}), "must use the 16 ranks")
+    fails(capsys, check(layout(recompute="selective"), {}), "recompute is one of")
+    fails(capsys, check(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1"), {}), "whole numbers")
 
 
 # ---------------------------------------------------------------- the fastest layout here

@@ -70,7 +70,8 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
     right, so that trying values until the check passes tells nothing (4 GPUs for each of 4 ranks:
     256 mappings).  What a failure may say is what the learner can read anyway: an entry that is not
     (GPU, NUMA node), a GPU the node does not have, a NUMA node that is not the named GPU's row of the
-    table, and the one usual misreading (GPU number = local rank)."""
+    table, and the one usual misreading (GPU number = local rank).  The learner answers from the table
+    before the wrapper is shown, so no message names the wrapper's formula."""
     for p in placements:
         if p.verdict != "local":
             return _verdict(False, f"the launch runs local rank {p.local_rank} on NUMA node "
@@ -95,8 +96,8 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
     # The usual misreading, named as an idea (it is the cell's first guess): it tells no entry of the answer.
     if all(gpu == rank for rank, (gpu, _) in given.items()):
         return _verdict(False, "GPU number = local rank is cuda:<local_rank>, the GPU as the rank sees it, not its "
-                               "number on the node: work out what the wrapper sets CUDA_VISIBLE_DEVICES to for each "
-                               "local rank")
+                               "number on the node: for each local rank, find the NUMA node of its cores in the "
+                               "table, then the GPU that sits on it")
     # Each NUMA node against the table, for the GPU the learner named (right or wrong): the table is printed.
     unread = [rank for rank, (gpu, node) in sorted(given.items()) if gpu_nodes[order[gpu]] != node]
     if unread:
@@ -108,4 +109,5 @@ def check_binding_prediction(prediction, placements: list, gpu_nodes: dict) -> b
         return _verdict(True, f"every local rank drives the GPU on its own NUMA node ({mapping}), all local")
     # One answer for every other wrong mapping, near or far: it names the reasoning, never an entry.
     return _verdict(False, "not the GPUs this launch gives its ranks (the check does not say which entries): "
-                           "evaluate the wrapper's CUDA_VISIBLE_DEVICES for each local rank")
+                           "for each local rank, find the NUMA node of its cores (8r to 8r+7), then the GPU that "
+                           "the table puts on it")

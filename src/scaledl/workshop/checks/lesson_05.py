@@ -57,3 +57,29 @@ def check_summed_step(results_by_rank: list, references_by_rank: list, world_siz
                                f"samples: {hint}")
     return _verdict(True, f"every rank holds the sum, {world_size}x the average, and steps as one process on all "
                           f"{world_size} ranks' samples: a summed gradient takes lr / {world_size}")
+
+
+def check_resumed_start(starts_by_rank: list) -> bool:
+    """Exercise 2, the order of a resumed start.  Each rank gives {"optimizer": the fingerprint of its
+    optimizer's state when the loop starts, "resumed": the fingerprint of its own checkpoint, taken before
+    the exercise's block}.  Every rank must start from rank 0's checkpoint: wrap (the wrapper is a new
+    optimizer with an empty state), load the checkpoint into the wrapped optimizer, then broadcast.  A rank
+    that starts from its own checkpoint loaded after the broadcast (or had none); ranks that agree on a
+    state that is not rank 0's checkpoint lost it in the wrap."""
+    if starts_by_rank is None or any(s is None for s in starts_by_rank):
+        return _verdict(False, "the exercise cell did not finish on every rank: write the four calls and run it")
+    if len(starts_by_rank) < 2:
+        return _verdict(False, "one rank has nobody to take rank 0's state from: start 2 or more (WORLD_SIZE = 2)")
+    want = starts_by_rank[0]["resumed"]
+    for rank, start in enumerate(starts_by_rank):
+        if start["optimizer"] == want:
+            continue
+        if rank > 0 and start["optimizer"] == start["resumed"]:
+            return _verdict(False, f"rank {rank} starts from its own checkpoint's optimizer state, not rank 0's: "
+                                   "broadcast rank 0's optimizer state after loading the checkpoint; a load after the "
+                                   "broadcast puts each rank's own momentum back")
+        return _verdict(False, f"rank {rank} starts from an optimizer state that is not rank 0's checkpoint: the "
+                               "wrapper is a new optimizer with an empty state, so wrap first, then load the "
+                               "checkpoint into the wrapped optimizer, then broadcast")
+    return _verdict(True, f"all {len(starts_by_rank)} ranks start from rank 0's checkpointed momentum: wrapped, "
+                          "loaded, then broadcast")

@@ -54,6 +54,39 @@ def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list
                            "those printed before it")
 
 
+def check_uneven_step(predicted, measured_by_rank: list) -> bool:
+    """Exercise 1b's second prediction: after a DDP step in which the ranks' optimizers use different
+    learning rates, do the ranks hold equal gradients ("grads") and equal weights ("weights")?  Each rank
+    gives {"grads": fingerprint of its .grad after backward, "weights": of its weights after the step}.
+    DDP averages the gradients in every backward and sends the weights only at construction, so the
+    gradients agree and the weights do not: {"grads": True, "weights": False}."""
+    if predicted is None:
+        return _unfinished("after_uneven_step")
+    if measured_by_rank is None or any(m is None for m in measured_by_rank):
+        return _verdict(False, "the uneven step did not run on every rank: run it, then this check")
+    if len(measured_by_rank) < 2:  # one rank agrees with itself whatever DDP does
+        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
+    if not isinstance(predicted, dict) or set(predicted) != {"grads", "weights"} or not all(
+            isinstance(v, bool) for v in predicted.values()):
+        return _verdict(False, f"`after_uneven_step` is {predicted!r}: give a dict with two booleans, "
+                               '{"grads": ..., "weights": ...}')
+    measured = {key: len({m[key] for m in measured_by_rank}) == 1 for key in ("grads", "weights")}
+    if predicted == measured:
+        return _verdict(True, "the ranks hold the same averaged gradients but different weights: DDP averages the "
+                              "gradients in every backward and sends the weights only at construction, so each "
+                              "optimizer's own learning rate moved its copy apart")
+    if predicted["grads"] != measured["grads"]:
+        hint = ("backward under DDP leaves the average over the ranks in every rank's .grad, whatever each optimizer "
+                "then does with it" if measured["grads"] else
+                "the ranks' gradients differ: they are averaged only when DDP's backward synchronizes")
+        return _verdict(False, f"you predicted {'equal' if predicted['grads'] else 'different'} gradients: {hint}")
+    hint = ("DDP sends no weights after its constructor: it keeps the copies equal only by giving every rank the "
+            "same averaged gradient, so an optimizer that steps differently on one rank moves that copy apart, and "
+            "nothing pulls it back" if measured["weights"] is False else
+            "the weights agree after the step: every rank applied the same averaged gradient the same way")
+    return _verdict(False, f"you predicted {'equal' if predicted['weights'] else 'different'} weights: {hint}")
+
+
 # (local rank, GPUs the process can see, what the case is, the device it must compute on)
 _RANK_DEVICE_CASES = [
     (3, 1, "local rank 3 under the Polaris job's wrapper (it sees one GPU)", "cuda:0"),
@@ -204,10 +237,19 @@ def _shown(buckets: list) -> str:
     return " | ".join(", ".join(bucket) for bucket in buckets)
 
 
+def _same_buckets(got: list, want: list) -> bool:
+    """The same buckets in the same order, each holding the same parameters in any order: inside a layer
+    the gradients' ready order is autograd's (a convolution's weight before its bias), which DDP records in
+    its first iteration; the model's parameters reversed put the bias first.  Both fill the same buckets
+    unless a bucket closes between a layer's weight and its bias."""
+    return [sorted(bucket) for bucket in got] == [sorted(bucket) for bucket in want]
+
+
 def check_ddp_buckets(predict) -> bool:
     """`predict(model, bucket_cap_mb)` -> DDP's buckets, a list of lists of parameter names in the
     order they are all-reduced, against `scaledl.perf.comm_estimate.ddp_buckets` (torch's own
-    `_compute_bucket_assignment_by_size`, checked in tests/test_comm_estimate.py)."""
+    `_compute_bucket_assignment_by_size`, checked in tests/test_comm_estimate.py); the order inside a
+    bucket is not graded (`_same_buckets`)."""
     from scaledl.perf import comm_estimate
 
     if predict is None:
@@ -218,9 +260,10 @@ def check_ddp_buckets(predict) -> bool:
         if got is _FAILED:
             return False
         want = [bucket["names"] for bucket in comm_estimate.ddp_buckets(model, bucket_cap_mb)]
-        if got == want:
+        if _same_buckets(got, want):
             continue
-        hints = [hint for change, hint in _BUCKET_HINTS if got == _buckets_by_rule(model, bucket_cap_mb, **change)]
+        hints = [hint for change, hint in _BUCKET_HINTS
+                 if _same_buckets(got, _buckets_by_rule(model, bucket_cap_mb, **change))]
         hint = hints[0] if hints else ("each parameter that needs a gradient goes in exactly one bucket, last layer "
                                        "first; a bucket closes once its bytes reach its cap")
         return _verdict(False, f"{case}: you made [{_shown(got)}], DDP makes [{_shown(want)}]: {hint}")

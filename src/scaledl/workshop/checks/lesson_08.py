@@ -263,16 +263,67 @@ _STAGE2_CASES = [([100_000_000, 150_000_000, 250_000_000], 3, 500_000_000),
                  ([6_000, 400, 200_000, 500, 1_000, 10], 3, 500_000_000)]
 
 
+def _bucket_elements(numels: list, bucket: float) -> list:
+    """One backward's buckets in elements, as DeepSpeed 0.19.8 fills them: a bucket goes out when the next
+    gradient would take it over `bucket` elements, and what is left goes out at the end of backward."""
+    buckets, filled = [], 0
+    for n in numels:
+        if filled and filled + n > bucket:
+            buckets.append(filled)
+            filled = 0
+        filled += n
+    return buckets + ([filled] if filled else [])
+
+
+def _as_numbers(values) -> list | None:
+    """`values` as a list of plain numbers, or None where it is not a sequence of numbers."""
+    import numbers
+
+    try:
+        values = list(values)
+    except TypeError:
+        return None
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Number) for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+def _listed(buckets) -> str:
+    """Bucket sizes as "808,488 + 19,200" (none: "none")."""
+    return " + ".join(f"{b:,.0f}" for b in buckets) or "none"
+
+
+def _buckets_hint(got: list, want: list, numels: list, bucket: float) -> str:
+    """Why the learner's one-backward buckets (bytes) differ from DeepSpeed's, for the usual slips."""
+    close = lambda a, b: len(a) == len(b) and all(math.isclose(x, y) for x, y in zip(a, b))  # noqa: E731
+    if close(got, [w / 4 for w in want]):
+        return "those are elements: a bucket's bytes are 4 per fp32 gradient"
+    if close(got, [4 * b for b in _greater_or_equal_buckets(numels, bucket)]):
+        return ("a gradient that fills the bucket exactly stays in it: the bucket goes out when the next one would "
+                "take it over reduce_bucket_size")
+    if close(got, want[:-1]):
+        return "what is left in the bucket at the end of a backward goes out too"
+    if close(got, [4 * n for n in numels]):
+        return "the engine copies the gradients into a bucket and all-reduces the bucket: one call per bucket"
+    if len(got) == len(want) and math.isclose(sum(got), sum(want)):
+        return "the same bytes, split elsewhere: fill the bucket gradient by gradient, in backward's order"
+    return "fill a bucket gradient by gradient; it goes out when the next gradient would not fit, and at the end"
+
+
 def check_stage2_window(stage2_window, measured=None, numels: list | None = None, world_size: int = 2,
-                        accumulation_steps: int = 3, reduce_bucket_size: int = 500_000_000) -> bool:
-    """`stage2_window(numels, accumulation_steps, reduce_bucket_size) -> {"all_reduces", "bytes"}`: what ZeRO
-    stage 2's backwards all-reduce in one accumulation window, for fp32 gradients of `numels` elements in
-    the order backward produces them.  DeepSpeed 0.19.8 (stage_1_and_2.py,
-    `reduce_independent_p_g_buckets_and_remove_grads`) copies each gradient into a bucket and all-reduces
-    the bucket in one call when the next gradient would take it over `reduce_bucket_size` elements, and
-    what is left at the end of every backward (`scaledl.perf.predict._buckets` counts them).  Checked on
-    cases where the bucket splits, then on this lesson's model, at the live config's `reduce_bucket_size`,
-    against the live ranks' window (`measured`, through `check_window_prediction`)."""
+                        accumulation_steps: int = 3, reduce_bucket_size: int = 500_000_000,
+                        measured_buckets: list | None = None) -> bool:
+    """`stage2_window(numels, accumulation_steps, reduce_bucket_size) -> {"buckets", "all_reduces", "bytes"}`:
+    the bytes of each bucket one backward all-reduces, in order, and what ZeRO stage 2's backwards all-reduce
+    in one accumulation window, for fp32 gradients of `numels` elements in the order backward produces them.
+    DeepSpeed 0.19.8 (stage_1_and_2.py, `reduce_independent_p_g_buckets_and_remove_grads`) copies each
+    gradient into a bucket and all-reduces the bucket in one call when the next gradient would take it over
+    `reduce_bucket_size` elements, and what is left at the end of every backward (`scaledl.perf.predict._buckets`
+    counts them).  Checked on cases where the bucket splits, then on this lesson's model, at the live config's
+    `reduce_bucket_size`: each bucket's bytes against `measured_buckets` (the bytes of the calls one backward
+    made on the live ranks), and the window against `measured` (through `check_window_prediction`).  The
+    buckets depend on the order of `numels`: the order backward hands the gradients over, recorded, not
+    `model.parameters()` reversed (a convolution's weight gradient comes before its bias's)."""
     from scaledl.perf.predict import _buckets
 
     if stage2_window is None:
@@ -283,29 +334,26 @@ def check_stage2_window(stage2_window, measured=None, numels: list | None = None
         got = _attempt("stage2_window", case, lambda: stage2_window(list(case_numels), accumulation, bucket))
         if got is _FAILED:
             return False
-        if not isinstance(got, dict) or not {"all_reduces", "bytes"} <= set(got):
-            return _verdict(False, "stage2_window returns a dict with two keys: "
-                                   "{\"all_reduces\": ..., \"bytes\": ...}")
+        if not isinstance(got, dict) or not {"buckets", "all_reduces", "bytes"} <= set(got):
+            return _verdict(False, "stage2_window returns a dict with three keys: "
+                                   "{\"buckets\": [...], \"all_reduces\": ..., \"bytes\": ...}")
+        want_buckets = [4 * n for n in _bucket_elements(case_numels, bucket)]
+        got_buckets = _as_numbers(got["buckets"])
+        if got_buckets is None:
+            return _verdict(False, f"{case}: \"buckets\" is {got['buckets']!r}: give a list of numbers, the bytes "
+                                   "of each bucket one backward all-reduces")
+        if len(got_buckets) != len(want_buckets) or not all(
+                math.isclose(g, w) for g, w in zip(got_buckets, want_buckets)):
+            return _verdict(False, f"{case}: one backward's buckets of {_listed(got_buckets)} bytes, "
+                                   f"DeepSpeed sends {_listed(want_buckets)}: "
+                                   f"{_buckets_hint(got_buckets, want_buckets, case_numels, bucket)}")
         per_backward, total = _buckets(case_numels, bucket), sum(case_numels)
         calls, nbytes = got["all_reduces"], got["bytes"]
         if calls != accumulation * per_backward:
-            overfull = sum(1 for _ in _greater_or_equal_buckets(case_numels, bucket))
             wrong = [(1, "one call per window is stages 0 and 1; at stage 2 every backward reduces"),
-                     (accumulation, "a backward whose gradients pass reduce_bucket_size fills several buckets: "
-                                    "one call per bucket"),
-                     (per_backward, "that is one backward's calls: every backward of the window reduces"),
-                     (accumulation * -(-total // bucket), "a bucket holds whole gradients and goes out when the next "
-                                                          "one would not fit, so buckets are not full: count them "
-                                                          "gradient by gradient"),
-                     (accumulation * len(case_numels), "the engine copies the gradients into a bucket and "
-                                                        "all-reduces the bucket: one call per bucket, not per "
-                                                        "gradient"),
-                     (accumulation * overfull, "a gradient that fills the bucket exactly stays in it: the bucket goes "
-                                               "out when the next one would take it over reduce_bucket_size"),
-                     (accumulation * (per_backward - 1), "what is left in the bucket at the end of a backward goes "
-                                                          "out too")]
+                     (per_backward, "that is one backward's calls: every backward of the window reduces")]
             hint = next((text for value, text in wrong if calls == value and value != accumulation * per_backward),
-                        "count the buckets of one backward, then the backwards of a window")
+                        "one call per bucket, in every backward of the window")
             return _verdict(False, f"{case}: {calls} all-reduces, DeepSpeed makes {accumulation * per_backward}: "
                                    f"{hint}")
         want = accumulation * 4 * total
@@ -321,8 +369,19 @@ def check_stage2_window(stage2_window, measured=None, numels: list | None = None
     said = f"all {len(_STAGE2_CASES)} cases as DeepSpeed 0.19.8 fills and sends its buckets"
     if numels is None:
         return _verdict(True, said)
-    ok, message = _window_verdict(stage2_window(list(numels), accumulation_steps, reduce_bucket_size), measured,
-                                  4 * sum(numels), world_size, accumulation_steps)
+    yours = stage2_window(list(numels), accumulation_steps, reduce_bucket_size)
+    if measured_buckets is not None:
+        sent = [float(b) for b in measured_buckets]
+        got_buckets = _as_numbers(yours.get("buckets", ())) or []
+        if len(got_buckets) != len(sent) or not all(math.isclose(g, w) for g, w in zip(got_buckets, sent)):
+            hint = ("the same bytes, split elsewhere: the buckets follow the order in which backward hands the "
+                    "gradients over, so take `numels` in the recorded order, not model.parameters() reversed"
+                    if math.isclose(sum(got_buckets), sum(sent)) else "count this model's gradients, 4 bytes each")
+            return _verdict(False, f"on this model: one backward's buckets of {_listed(got_buckets)} bytes, the "
+                                   f"ranks all-reduced {_listed(sent)}: {hint}")
+    ok, message = _window_verdict(yours, measured, 4 * sum(numels), world_size, accumulation_steps)
+    if ok and measured_buckets is not None:
+        message = f"buckets of {_listed(measured_buckets)} bytes a backward; " + message
     return _verdict(ok, f"{said}; on this model, " + message if ok else f"on this model: {message}")
 
 

@@ -12,39 +12,50 @@ _NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer 
 
 
 
+# (bytes per parameter of the parameters, the gradients, the optimizer states): the paper's mixed-precision Adam,
+# then the variant the lesson's text does not give, gradients kept in fp32 for the optimizer (DeepSpeed's 18 bytes:
+# its Memory Requirements page and `estimate_zero3_model_states_mem_needs`).
+_BYTE_CASES = [(2, 2, 12), (2, 4, 12)]
+
+
 def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
-    """`bytes_per_rank(num_params, world_size, stage) -> {"params", "grads", "optimizer"}` for
-    mixed-precision Adam (2 + 2 + 12 bytes per parameter), checked part by part, so that
-    partitioning the parameters where the gradients belong (same total) fails too."""
+    """`bytes_per_rank(num_params, world_size, stage, params=2, grads=2, optimizer=12) -> {"params", "grads",
+    "optimizer"}`, counted during backward as the paper counts them, for the bytes per parameter given:
+    checked part by part for the paper's mixed-precision Adam (2 + 2 + 12) and for fp32 gradients
+    (2 + 4 + 12 = 18), so that partitioning the parameters where the gradients belong fails, and so does a
+    function that ignores the bytes it is given."""
     from scaledl import zero_memory
 
     if bytes_per_rank is None:
         return _unfinished("bytes_per_rank")
     num_params = 7_500_000_000  # the paper's 7.5B-parameter example
-    for stage in range(4):
-        try:
-            got = bytes_per_rank(num_params, world_size, stage)
-        except NotImplementedError:
-            return _verdict(False, "bytes_per_rank still raises NotImplementedError: finish the exercise cell")
-        want = zero_memory.predict(num_params, world_size, stage, 2, 2, 12)
-        if not isinstance(got, dict) or set(got) < {"params", "grads", "optimizer"}:
-            return _verdict(False, "return a dict with the bytes of \"params\", \"grads\" and \"optimizer\"")
-        for key in ("params", "grads", "optimizer"):
-            if math.isclose(got[key], want[key], rel_tol=1e-6):
-                continue
-            full = want[key] if key not in _PARTITIONED[stage] else want[key] * world_size
-            if key in _PARTITIONED[stage] and math.isclose(got[key], full, rel_tol=1e-3):
-                return _verdict(False, f"stage {stage}: {_NAMES[key]} are partitioned from stage "
-                                       f"{min(s for s in _PARTITIONED if key in _PARTITIONED[s])} on: "
-                                       f"divide them by world_size")
-            if key not in _PARTITIONED[stage] and math.isclose(got[key], want[key] / world_size, rel_tol=1e-3):
-                return _verdict(False, f"stage {stage}: every rank still holds all the {_NAMES[key]} "
-                                       f"({want[key] / 1e9:g} GB): stage {stage} partitions only "
-                                       f"{', '.join(_NAMES[k] for k in _PARTITIONED[stage]) or 'nothing'}")
-            return _verdict(False, f"stage {stage}: {_NAMES[key]} {got[key] / 1e9:g} GB, expected "
-                                   f"{want[key] / 1e9:g} GB: params and grads are 2 bytes (fp16), Adam's states 12")
-    return _verdict(True, "all four stages match the paper, part by part: 16 bytes per parameter, partitioned "
-                          "optimizer states, then gradients, then parameters")
+    for sizes in _BYTE_CASES:
+        label = f"{' + '.join(map(str, sizes))} = {sum(sizes)} bytes per parameter"
+        for stage in range(4):
+            got = _attempt("bytes_per_rank", f"{label}, stage {stage}",
+                           lambda: bytes_per_rank(num_params, world_size, stage, *sizes))
+            if got is _FAILED:
+                return False
+            want = zero_memory.predict(num_params, world_size, stage, *sizes)
+            if not isinstance(got, dict) or not {"params", "grads", "optimizer"} <= set(got):
+                return _verdict(False, "return a dict with the bytes of \"params\", \"grads\" and \"optimizer\"")
+            for key, per_param in zip(("params", "grads", "optimizer"), sizes):
+                if math.isclose(got[key], want[key], rel_tol=1e-6):
+                    continue
+                full = want[key] if key not in _PARTITIONED[stage] else want[key] * world_size
+                if key in _PARTITIONED[stage] and math.isclose(got[key], full, rel_tol=1e-3):
+                    return _verdict(False, f"{label}, stage {stage}: {_NAMES[key]} are partitioned from stage "
+                                           f"{min(s for s in _PARTITIONED if key in _PARTITIONED[s])} on: "
+                                           f"divide them by world_size")
+                if key not in _PARTITIONED[stage] and math.isclose(got[key], want[key] / world_size, rel_tol=1e-3):
+                    return _verdict(False, f"{label}, stage {stage}: every rank still holds all the {_NAMES[key]} "
+                                           f"({want[key] / 1e9:g} GB): stage {stage} partitions only "
+                                           f"{', '.join(_NAMES[k] for k in _PARTITIONED[stage]) or 'nothing'}")
+                return _verdict(False, f"{label}, stage {stage}: {_NAMES[key]} {got[key] / 1e9:g} GB, expected "
+                                       f"{want[key] / 1e9:g} GB: {per_param} bytes per parameter, the argument "
+                                       f"`{key}`, times the parameters this rank keeps")
+    return _verdict(True, "all four stages, part by part, for the paper's 16 bytes per parameter and for 18 with "
+                          "fp32 gradients: partitioned optimizer states, then gradients, then parameters")
 
 
 # After backward, before the optimizer step, where `zero_memory.measure` counts: stages 1 and 2 have both reduced the
@@ -112,43 +123,43 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
 
 
 def check_fsdp_collectives(fsdp2_collectives, counted_by_rank=_NOT_GIVEN) -> bool:
-    """`fsdp2_collectives(num_layers, reshard_after_forward) -> {"all_gathers", "reduce_scatters"}`: what FSDP2
-    issues on each rank in one forward and backward of a model whose `num_layers` layers are each sharded on
-    their own (one parameter group each: one all-gather brings a layer's weight and bias whole, one
-    reduce-scatter sends its gradients), the root holding no parameters of its own.  A layer that reshards
-    after forward (the default, torch 2.13 `fully_shard`) is all-gathered again for its backward.  Checked on
-    cases, then against `counted_by_rank`: per rank, {reshard_after_forward: {"all_gathers", "reduce_scatters",
-    "layers", "whole_after_forward"}}, counted with CommDebugMode on the live ranks."""
+    """`fsdp2_collectives(num_layers, root_holds_params, reshard_after_forward=None) -> {"all_gathers",
+    "reduce_scatters"}`: what FSDP2 issues on each rank in one forward and backward of a model whose
+    `num_layers` layers are each sharded on their own (one parameter group each: one all-gather brings a
+    layer's weight and bias whole, one reduce-scatter sends its gradients), under a root `fully_shard` that
+    holds parameters of its own (one more group) or none, every `fully_shard` given the same
+    `reshard_after_forward`.  A group that reshards after forward is all-gathered again for its backward;
+    None, the default, means True for every group but the root's, which stays gathered (torch 2.13,
+    `fully_shard` and `FSDPState._lazy_init`).  Checked on cases, then against `counted_by_rank`: per rank,
+    {str(reshard_after_forward): {"all_gathers", "reduce_scatters", "layers", "root_holds_params",
+    "whole_after_forward"}}, counted with CommDebugMode on the live ranks (string keys: ipyparallel sorts the
+    keys of a dict it sends, and None does not sort with True and False)."""
     if fsdp2_collectives is None:
         return _unfinished("fsdp2_collectives")
-    for layers, reshard in _FSDP2_CASES:
-        case = f"{layers} layers, reshard_after_forward={reshard}"
-        got = _attempt("fsdp2_collectives", case, lambda: fsdp2_collectives(layers, reshard))
+    for layers, root, reshard in _FSDP2_CASES:
+        case = (f"{layers} layers, a root {'with' if root else 'without'} parameters of its own, "
+                f"reshard_after_forward={reshard}")
+        got = _attempt("fsdp2_collectives", case, lambda: fsdp2_collectives(layers, root, reshard))
         if got is _FAILED:
             return False
         if not isinstance(got, dict) or not {"all_gathers", "reduce_scatters"} <= set(got):
             return _verdict(False, "fsdp2_collectives returns a dict with two keys: "
                                    "{\"all_gathers\": ..., \"reduce_scatters\": ...}")
-        want = _fsdp2_answer(layers, reshard)
+        want = _fsdp2_answer(layers, root, reshard)
         gathers, scatters = got["all_gathers"], got["reduce_scatters"]
         if gathers != want["all_gathers"]:
-            wrong = [(layers, "a layer that reshards after forward gives its gathered weights back, so its backward "
-                              "all-gathers them again" if reshard else None),
-                     (2 * layers, None if reshard else "a layer that keeps its weights until backward is gathered "
-                                                       "once a step"),
-                     (want["all_gathers"] + 1, "the root here holds no parameters of its own: it gathers nothing"),
-                     (2 * want["all_gathers"], "one all-gather brings a layer's weight and bias together: count "
-                                               "layers, not tensors")]
-            hint = next((text for value, text in wrong if text and gathers == value),
-                        "count one layer's all-gathers: before its forward, and before its backward unless it kept "
-                        "its weights")
+            hint = _fsdp2_gathers_hint(gathers, layers, root, reshard)
             return _verdict(False, f"{case}: {gathers} all-gathers, FSDP2 issues {want['all_gathers']}: {hint}")
         if scatters != want["reduce_scatters"]:
-            wrong = [(0, "backward reduce-scatters each layer's gradients, whatever reshard_after_forward says"),
-                     (2 * layers, "a layer's gradients leave once a step, weight and bias in one reduce-scatter"),
-                     (layers + 1, "the root here holds no parameters of its own: no gradients to send")]
-            hint = next((text for value, text in wrong if scatters == value),
-                        "one reduce-scatter per layer, in its backward")
+            wrong = [(0, "backward reduce-scatters each group's gradients, whatever reshard_after_forward says"),
+                     (2 * want["reduce_scatters"], "a group's gradients leave once a step, weight and bias in one "
+                                                   "reduce-scatter"),
+                     (layers + (not root), "the root here holds no parameters of its own: no gradients to send"
+                      if not root else None),
+                     (layers, "the root's own parameters are a group too: their gradients leave in one more "
+                              "reduce-scatter" if root else None)]
+            hint = next((text for value, text in wrong if text and scatters == value),
+                        "one reduce-scatter per group that holds parameters, in its backward")
             return _verdict(False, f"{case}: {scatters} reduce-scatters, FSDP2 issues {want['reduce_scatters']}: "
                                    f"{hint}")
     said = f"all {len(_FSDP2_CASES)} cases"
@@ -160,22 +171,53 @@ def check_fsdp_collectives(fsdp2_collectives, counted_by_rank=_NOT_GIVEN) -> boo
     if any(counted != first for counted in counted_by_rank):
         return _verdict(False, "the ranks counted different collectives: every rank must run the same sharded model")
     said_live = []
-    for reshard, counted in sorted(first.items(), reverse=True):
-        predicted = fsdp2_collectives(counted["layers"], reshard)
+    settings = {"None": None, "True": True, "False": False}  # the keys as strings: ipyparallel sorts a dict's keys
+    for key in sorted(first, key=lambda setting: list(settings).index(str(setting)) if str(setting) in settings
+                      else 3):
+        counted, reshard = first[key], settings.get(str(key), key)
+        predicted = fsdp2_collectives(counted["layers"], counted["root_holds_params"], reshard)
         for key, name in (("all_gathers", "all-gathers"), ("reduce_scatters", "reduce-scatters")):
             if predicted[key] != counted[key]:
                 return _verdict(False, f"{said}, but with reshard_after_forward={reshard} the live ranks counted "
-                                       f"{counted[key]} {name} for the CNN's {counted['layers']} layers, you "
-                                       f"predicted {predicted[key]}")
+                                       f"{counted[key]} {name} for the CNN's {counted['layers']} sharded layers "
+                                       f"and its root, you predicted {predicted[key]}")
         said_live.append(f"{counted['all_gathers']} all-gathers and {counted['reduce_scatters']} reduce-scatters "
                          f"with reshard_after_forward={reshard} ({counted['whole_after_forward']} of "
                          f"{counted['layers']} layers whole after forward)")
     return _verdict(True, f"{said}; on the live ranks, as CommDebugMode counted: " + "; ".join(said_live))
 
 
-# (layers, reshard_after_forward): one layer, the lesson's CNN, and a deeper model, both ways.
-_FSDP2_CASES = [(1, True), (1, False), (4, True), (4, False), (24, True), (24, False)]
+def _fsdp2_gathers_hint(gathers, layers: int, root: bool, reshard) -> str:
+    """Why a count of all-gathers differs from FSDP2's, for the usual slips."""
+    layer_gathers = (1 if reshard is False else 2) * layers
+    root_gathers = (2 if reshard is True else 1) if root else 0
+    wrong = [(layers + root_gathers, "a layer that reshards after forward gives its gathered weights back, so its "
+                                     "backward all-gathers them again" if reshard is not False else None),
+             (2 * layers + root_gathers, "a layer that keeps its weights until backward is gathered once a step"
+                                         if reshard is False else None),
+             (layer_gathers, "the root's own parameters are a group too: they are all-gathered before forward"
+                             if root else None),
+             (layer_gathers + 1, "the root here holds no parameters of its own: it gathers nothing"
+                                 if not root else "with reshard_after_forward=True the root gives its parameters "
+                                                  "back too: only the default (None) keeps the root gathered"
+                                 if reshard is True else None),
+             (layer_gathers + 2, "by default (None) the root keeps its parameters from forward to backward: it is "
+                                 "gathered once" if root and reshard is None else None),
+             (2 * (layer_gathers + root_gathers), "one all-gather brings a group's weight and bias together: count "
+                                                  "groups, not tensors")]
+    return next((text for value, text in wrong if text and gathers == value),
+                "count one group's all-gathers: before its forward, and before its backward unless it kept its "
+                "weights")
 
 
-def _fsdp2_answer(layers: int, reshard: bool) -> dict:
-    return {"all_gathers": (2 if reshard else 1) * layers, "reduce_scatters": layers}
+# (layers, root_holds_params, reshard_after_forward): a root without parameters, as in the lesson's first model,
+# with one layer and four; a root that holds parameters (the CNN's linear layers left to it) under each setting;
+# a deep model both ways.
+_FSDP2_CASES = [(1, False, None), (4, False, None), (4, False, False), (4, False, True), (2, True, None),
+                (2, True, True), (2, True, False), (24, True, None), (24, True, False)]
+
+
+def _fsdp2_answer(layers: int, root: bool, reshard) -> dict:
+    layer_gathers = 1 if reshard is False else 2  # None: the layers reshard
+    root_gathers = (2 if reshard is True else 1) if root else 0  # None: the root stays gathered
+    return {"all_gathers": layer_gathers * layers + root_gathers, "reduce_scatters": layers + bool(root)}

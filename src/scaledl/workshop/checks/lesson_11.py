@@ -10,8 +10,12 @@ def check_pipeline(received, logits, first_stage_output, full_logits, tolerance:
     if received is None:
         return _verdict(False, "rank 1 has no `activations`: receive rank 0's output into a buffer of that name")
     if tuple(received.shape) != tuple(first_stage_output.shape):
-        return _verdict(False, f"rank 1's buffer has shape {tuple(received.shape)}, but rank 0 sends "
-                               f"{tuple(first_stage_output.shape)}: a receive buffer must match what is sent")
+        # The shape is what the learner derives: say which way it is off, never the answer.
+        off = ("holds another number of elements than" if received.numel() != first_stage_output.numel()
+               else "holds as many elements, in another shape, as")
+        return _verdict(False, f"rank 1's buffer has shape {tuple(received.shape)}: it {off} rank 0's stage output. "
+                               "Follow the batch through rank 0's layers (channels, padding, pooling) to the shape "
+                               "the classifier reads")
     if not (received - first_stage_output).abs().max().item() < tolerance:
         return _verdict(False, "rank 1's buffer does not hold rank 0's output: rank 0 must send it and rank 1 "
                                "receive into the buffer before using it")

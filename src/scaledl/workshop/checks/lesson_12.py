@@ -1,5 +1,5 @@
-"""Lesson 12's checks: a tensor-parallel MLP, split by hand, the rank groups of a dp x tp grid, and which of its
-tp groups cross a node boundary."""
+"""Lesson 12's checks: a tensor-parallel MLP, split by hand, the all-reduces a block makes, the rank groups of a
+dp x tp grid, and which of its tp groups cross a node boundary."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
@@ -125,3 +125,38 @@ def check_tensor_parallel_mlp(ys, w1s, w2s, mlp, x, tolerance: float = 1e-4) -> 
                                "ranks' partial products are summed")
     return _verdict(False, f"rank {errors.index(max(errors))}'s `y` differs from the whole MLP's (max error "
                            f"{max(errors):.2g}): GELU between the two layers, each rank on its own slices")
+
+
+def check_allreduce_count(predicted, counted) -> bool:
+    """`predicted`: {"forward": n, "backward": n}, the all-reduces one block of the tensor-parallel rung makes in one
+    forward and in one backward (q, k and v three column-wise layers, as `models.COLUMNWISE` lists them), against
+    `counted`, one (forward, backward, depth) per rank from CommDebugMode over one step of a `depth`-block model.
+    A FAIL names the pass to recount, never the number."""
+    if predicted is None:
+        return _unfinished("allreduces_per_block")
+    if not isinstance(predicted, dict) or set(predicted) != {"forward", "backward"}:
+        return _verdict(False, f"`allreduces_per_block` is a dict with the keys \"forward\" and \"backward\", got "
+                               f"{predicted!r}")
+    for name, value in predicted.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            return _verdict(False, f"`allreduces_per_block[\"{name}\"]` is {value!r}: give a whole number")
+    if not counted or any(count is None for count in counted):
+        return _verdict(False, "a rank has no count: run the CommDebugMode cell above on every rank")
+    per_block = {(forward / depth, backward / depth) for forward, backward, depth in counted}
+    if len(per_block) != 1:
+        return _verdict(False, f"the ranks counted different all-reduces ({sorted(per_block)}): run the cell above "
+                               "again on every rank")
+    forward, backward = per_block.pop()
+    if predicted["forward"] != forward:
+        return _verdict(False, "`allreduces_per_block[\"forward\"]` is not what CommDebugMode counted: in forward, "
+                               "only a layer whose output is a partial sum waits on an all-reduce; which of the "
+                               "block's split layers are those?")
+    if predicted["backward"] != backward:
+        why = ("that is Megatron-LM's count, with q, k and v fused into one layer; the rung's plan splits them as "
+               "three layers, each with its own input gradient" if predicted["backward"] == forward else
+               "in backward, a layer whose input gradient is a partial sum waits on an all-reduce: count the block's "
+               "column-wise layers")
+        return _verdict(False, f"`allreduces_per_block[\"backward\"]` is not what CommDebugMode counted: {why}")
+    return _verdict(True, f"{forward:.0f} all-reduces a block in forward and {backward:.0f} in backward, as "
+                          f"CommDebugMode counted on each of the {len(counted)} ranks: one after each row-wise layer, "
+                          "one into each column-wise layer's input gradient (q, k and v three of them)")

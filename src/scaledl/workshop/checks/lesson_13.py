@@ -16,14 +16,14 @@ def _saving(width: int, heads: int, tp: int) -> float:
 
 
 def _smallest_tp(width: int, heads: int, saving: float = 0.2, megatron: bool = False) -> int:
-    """The smallest tp at which sequence parallelism keeps at least `saving` less (Megatron-LM's count: every
-    tensor over tp)."""
-    for tp in range(1, 1025):
+    """The smallest tp dividing the heads (each rank computes whole heads) at which sequence parallelism keeps at
+    least `saving` less (Megatron-LM's count: every tensor over tp)."""
+    for tp in (tp for tp in range(1, heads + 1) if heads % tp == 0):
         sequence = (activations.block_bytes(1, 1, width, heads) / tp if megatron
                     else activations.block_bytes(1, 1, width, heads, tp=tp, sequence_parallel=True))
         if sequence <= (1 - saving) * activations.block_bytes(1, 1, width, heads, tp=tp):
             return tp
-    raise ValueError(f"no tp up to 1024 saves {saving:.0%}")
+    raise ValueError(f"no tp dividing {heads} heads saves {saving:.0%}")
 
 
 def _block_hint(found: float, seq_len: int, batch: int, width: int, heads: int, tp: int, sequence_parallel: bool):
@@ -50,8 +50,8 @@ def check_sp_block_bytes(sp_block_bytes, tp_for_a_fifth=None, width: int = 64, h
     """`sp_block_bytes(seq_len, batch, width, heads, tp, sequence_parallel)`: the fp32 bytes one block leaves for
     its backward on one of tp ranks, under sequence parallelism as DTensor's plan keeps them,
     4 * s*b * (2h + (14h + 4 + a)/tp), or under tensor parallelism alone, 4 * s*b * (4h + 4 + (12h + a)/tp)
-    (scaledl.activations); and `tp_for_a_fifth`, the smallest tp at which the first is at most 80% of the second
-    for a block of `width` and `heads`."""
+    (scaledl.activations); and `tp_for_a_fifth`, the smallest tp dividing `heads` at which the first is at most 80%
+    of the second for a block of `width` and `heads`."""
     if sp_block_bytes is None:
         return _unfinished("sp_block_bytes")
     for seq_len, batch, size, size_heads, tp in SP_CASES:
@@ -74,6 +74,9 @@ def check_sp_block_bytes(sp_block_bytes, tp_for_a_fifth=None, width: int = 64, h
     if isinstance(tp_for_a_fifth, bool) or not isinstance(tp_for_a_fifth, int) or tp_for_a_fifth < 1:
         return _verdict(False, f"`tp_for_a_fifth` is {tp_for_a_fifth!r}: give a whole number of ranks")
     want = _smallest_tp(width, heads)
+    if heads % tp_for_a_fifth:
+        return _verdict(False, f"`tp_for_a_fifth` is {tp_for_a_fifth}, which does not divide the {heads} heads: each "
+                               "rank computes whole heads, so try only the tp values that divide them")
     if tp_for_a_fifth != want:
         got = _saving(width, heads, tp_for_a_fifth)
         if tp_for_a_fifth == _smallest_tp(width, heads, megatron=True):

@@ -48,21 +48,36 @@ def check_memory_per_rank(memory_gib, preset: str = "gpt3-2.7b", system: str = "
                           f"{high:.0f} GiB a rank")
 
 
-def check_layout(layout, step_s, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
-                 global_batch_size: int = 512, within: float = 0.05, step_within: float = 0.02) -> bool:
+PARTS = {"compute": "1. compute", "bubble": "2. the bubble", "tp": "3. tp's all-reduces", "pp": "4. pp's sends",
+         "dp": "5. dp's communication"}
+
+
+def step_parts(row: dict) -> dict:
+    """A row of scaledl.perf.choose.evaluate as its five parts, in seconds: the compute at the MFU, what the bubble
+    stretches it by, tp's all-reduces, pp's sends and dp's exposed communication (they add up to row["step_s"])."""
+    stretched = row["step_s"] - row["tp_s"] - row["pp_s"] - row["dp_s"]  # compute / (1 - bubble)
+    return {"compute": stretched * (1 - row["bubble"]), "bubble": stretched * row["bubble"], "tp": row["tp_s"],
+            "pp": row["pp_s"], "dp": row["dp_s"]}
+
+
+def check_layout(layout, parts, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                 global_batch_size: int = 512, within: float = 0.05, part_within: float = 0.02) -> bool:
     """The capstone: `layout`, a dict of LAYOUT_KEYS for the language model at `preset`'s size on `nodes`
     of `system` at `global_batch_size` sequences a step, must be one the machine and DeepSpeed allow,
     fit in a device (scaledl.perf.choose's memory per rank) and be predicted within `within` of the
-    fastest layout that fits.  `step_s`, the learner's own prediction of the layout's step from its
-    parts, must be within `step_within` of the chooser's before the verdict on speed says anything: so
-    each layout tried costs its arithmetic, and the check is not a search."""
+    fastest layout that fits.  `parts`, the learner's own prediction of the layout's step as a dict of PARTS'
+    keys in seconds, must match the chooser's part by part (each within `part_within` of it, or of a millisecond
+    where it is zero) before the verdict on speed says anything: so each layout tried costs its arithmetic, and
+    the check is not a search.  A wrong part is named, never its value."""
+    import math
+
     from scaledl import models
     from scaledl.perf import choose, predict
 
     if layout is None:
         return _unfinished("layout")
-    if step_s is None:
-        return _unfinished("layout_step_s")
+    if parts is None:
+        return _unfinished("layout_parts")
     if not isinstance(layout, dict) or set(LAYOUT_KEYS) - set(layout):
         return _verdict(False, f"`layout` must be a dict with the keys {', '.join(LAYOUT_KEYS)}")
     dp, tp, pp, zero, recompute, micro = (layout[key] for key in LAYOUT_KEYS)
@@ -78,11 +93,17 @@ def check_layout(layout, step_s, preset: str = "gpt3-2.7b", system: str = "polar
         return _verdict(False, f"it needs {row['memory_gib']:.1f} GiB a rank, more than {limit:.0f} GiB (90% of the "
                                f"{device.name}'s): shard the state (a higher ZeRO stage), recompute, split the layers "
                                "or use smaller micro batches")
-    if not isinstance(step_s, (int, float)) or not abs(step_s - row["step_s"]) <= step_within * row["step_s"]:
-        return _verdict(False, f"your layout fits ({row['memory_gib']:.1f} GiB a rank), but `layout_step_s` is not "
-                               f"within {step_within:.0%} of its predicted step: add up its parts as the table above "
-                               "does (compute at the MFU, the bubble, tp's all-reduces, pp's sends, dp's exposed "
-                               "communication), each for this layout")
+    if not isinstance(parts, dict) or set(parts) != set(PARTS):
+        return _verdict(False, f"`layout_parts` must be a dict with the keys {', '.join(PARTS)}, each in seconds")
+    want = step_parts(row)
+    for key, name in PARTS.items():
+        found = parts[key]
+        if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found):
+            return _verdict(False, f"`layout_parts[\"{key}\"]` is {found!r}: give seconds, a number")
+        if not math.isclose(found, want[key], rel_tol=part_within, abs_tol=1e-3):
+            return _verdict(False, f"your layout fits ({row['memory_gib']:.1f} GiB a rank), but "
+                                   f"`layout_parts[\"{key}\"]` is not within {part_within:.0%} of the chooser's: "
+                                   f"work out row {name} of the table again for this layout")
     best = choose.layouts(sizes, machine, device, nodes, global_batch_size)[0]
     named = ", ".join(f"{key} {best[key]}" for key in LAYOUT_KEYS)
     if row["step_s"] > (1 + within) * best["step_s"]:
@@ -93,8 +114,9 @@ def check_layout(layout, step_s, preset: str = "gpt3-2.7b", system: str = "polar
         return _verdict(False, f"it fits ({row['memory_gib']:.1f} GiB a rank) but is predicted at {row['step_s']:.2f} "
                                f"s a step, more than {within:.0%} slower than the fastest that fits, "
                                f"{best['step_s']:.2f} s ({named}): {extra}")
-    return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, {row['step_s']:.2f} s a step predicted, within "
-                          f"{within:.0%} of the fastest that fits ({best['step_s']:.2f} s: {named})")
+    return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, every part of its step right, {row['step_s']:.2f} s "
+                          f"a step predicted, within {within:.0%} of the fastest that fits ({best['step_s']:.2f} s: "
+                          f"{named})")
 
 
 _KINDS = {"dp": "data parallelism", "tp": "tensor parallelism", "pp": "a pipeline"}
