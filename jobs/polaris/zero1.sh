@@ -19,8 +19,9 @@
 set -eo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
-# Polaris: the conda module has PyTorch built for CUDA and NCCL; the aws-ofi-nccl plugin lives
-# in /soft/libraries/aws-ofi-nccl, which scaledl launch adds to LD_LIBRARY_PATH if needed
+# Polaris: the conda module has PyTorch built for CUDA, and NCCL.
+# NCCL's aws-ofi-nccl plugin is not in the module but in /soft/libraries/aws-ofi-nccl:
+# scaledl launch adds that folder to LD_LIBRARY_PATH when no folder there holds the plugin
 # (ALCF's NCCL page).
 if command -v module >/dev/null 2>&1; then
     module use /soft/modulefiles

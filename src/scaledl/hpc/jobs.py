@@ -129,8 +129,9 @@ def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str
 
 
 SETUP = {
-    "polaris": ("# Polaris: the conda module has PyTorch built for CUDA and NCCL; the aws-ofi-nccl plugin lives\n"
-                "# in /soft/libraries/aws-ofi-nccl, which scaledl launch adds to LD_LIBRARY_PATH if needed\n"
+    "polaris": ("# Polaris: the conda module has PyTorch built for CUDA, and NCCL.\n"
+                "# NCCL's aws-ofi-nccl plugin is not in the module but in /soft/libraries/aws-ofi-nccl:\n"
+                "# scaledl launch adds that folder to LD_LIBRARY_PATH when no folder there holds the plugin\n"
                 "# (ALCF's NCCL page).\n"
                 "if command -v module >/dev/null 2>&1; then\n"
                 "    module use /soft/modulefiles\n"
