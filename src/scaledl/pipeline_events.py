@@ -68,6 +68,38 @@ def bubble(events: list, skip_first: bool = True) -> float:
     return sum(shares) / len(shares) if shares else float("nan")
 
 
+def compute_only(events: list) -> list:
+    """The same events replayed with free sends and no loss: each rank runs its forwards and backwards in the
+    order it ran them, each as long as it was measured, and starts each as soon as the rank is free and its
+    input is ready (a forward after the previous stage's forward of the same micro batch ends, a backward after
+    the next stage's backward, or on the last stage after its own forward).  `bubble` of the result is the
+    schedule's bubble from the stages' compute alone: what is left when the waits for sends are removed."""
+    last = max(e[2] for e in events)
+    replayed = []
+    for step in sorted({e[0] for e in events}):
+        mine = sorted((e for e in events if e[0] == step), key=lambda e: e[5])
+        queues = {rank: [e for e in mine if e[1] == rank] for rank in sorted({e[1] for e in mine})}
+        done, free = {}, dict.fromkeys(queues, 0.0)  # (kind, stage, micro batch) -> end; rank -> free from
+        while any(queues.values()):
+            progressed = False
+            for rank, queue in queues.items():
+                if not queue:
+                    continue
+                _, _, stage, kind, micro, start, end = queue[0]
+                needs = (("F", stage - 1, micro) if kind == "F" and stage > 0 else ("F", stage, micro)
+                         if kind == "B" and stage == last else ("B", stage + 1, micro) if kind == "B" else None)
+                if needs is not None and needs not in done:
+                    continue  # its input comes from a rank that has not run it yet
+                begin = max(free[rank], done[needs] if needs else 0.0)
+                free[rank] = done[(kind, stage, micro)] = begin + (end - start)
+                replayed.append([step, rank, stage, kind, micro, begin, free[rank]])
+                queue.pop(0)
+                progressed = True
+            if not progressed:
+                raise ValueError(f"step {step}: the recorded order waits on itself; not a pipeline schedule")
+    return replayed
+
+
 def predicted_bubble(stages: int, micro_batches: int, chunks_per_rank: int = 1) -> float:
     """(p - 1) / (v·m + p - 1) of the step: GPipe and 1F1B (v = 1), interleaved with v chunks a rank, for p
     ranks, m micro batches and equal stages.  Narayanan et al. 2021 (arXiv:2104.04473, sections 2.2.1 and

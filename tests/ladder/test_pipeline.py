@@ -134,3 +134,20 @@ def test_the_bubble_and_the_peak_read_from_events():
     assert [pipeline_events.peak_in_flight(events, stage) for stage in (0, 1)] == [2, 2]
     assert pipeline_events.predicted_bubble(2, 2) == pytest.approx(1 / 3)
     assert pipeline_events.predicted_bubble(4, 8, chunks_per_rank=2) == pytest.approx(3 / 19)
+
+
+def test_compute_only_removes_the_waits_for_sends():
+    """The events above with every send costing half a unit (stage 1 starts F0 at 1.5, ...): the measured bubble
+    grows; replayed with free sends, the schedule's own 1/3 comes back, and each event keeps its length."""
+    events = [[1, 0, 0, "F", 0, 0, 1], [1, 0, 0, "F", 1, 1, 2], [1, 1, 1, "F", 0, 1.5, 2.5],
+              [1, 1, 1, "F", 1, 2.5, 3.5], [1, 1, 1, "B", 1, 3.5, 4.5], [1, 1, 1, "B", 0, 4.5, 5.5],
+              [1, 0, 0, "B", 1, 5, 6], [1, 0, 0, "B", 0, 6, 7]]
+    assert pipeline_events.bubble(events) > 0.4
+    replayed = pipeline_events.compute_only(events)
+    assert pipeline_events.bubble(replayed) == pytest.approx(1 / 3)
+    assert sorted(e[6] - e[5] for e in replayed) == sorted(e[6] - e[5] for e in events)
+    # Unequal stages keep a bubble of their own: stage 1 twice as slow.
+    slow = [[*e[:5], e[5], e[5] + (2 if e[1] == 1 else 1) * (e[6] - e[5])] for e in events]
+    assert pipeline_events.bubble(pipeline_events.compute_only(slow)) > 1 / 3
+    with pytest.raises(ValueError, match="waits on itself"):  # a backward before its forward
+        pipeline_events.compute_only([[1, 0, 0, "B", 0, 0, 1], [1, 0, 0, "F", 0, 1, 2]])

@@ -126,6 +126,16 @@ def test_the_measured_pipeline_timeline_draws_each_event_on_its_rank():
     drawn(fig)
 
 
+def test_pipeline_labels_only_bars_wide_enough_for_them():
+    """Stage 1's forwards are a hundredth of stage 0's: their labels would spill out of the bars, so they are left
+    out; every other bar keeps its label."""
+    fig = plots.pipeline_schedule([0.002, 0.00002], [0.004, 0.004], 4)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts.count("F0") == 1 and texts.count("B0") == 2  # stage 0's F0 only; both stages' B0
+    assert len(texts) == 4 + 4 + 4  # stage 0's forwards, both stages' backwards
+    drawn(fig)
+
+
 def test_pipeline_bubble_grows_when_one_stage_is_slower():
     balanced = plots.pipeline_schedule([0.001, 0.001], [0.002, 0.002], 4).bubble
     assert plots.pipeline_schedule([0.003, 0.001], [0.006, 0.002], 4).bubble > balanced

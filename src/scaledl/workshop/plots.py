@@ -213,6 +213,16 @@ def zero_memory(panels: dict):
     return fig
 
 
+def _bar_labels(ax, labels: list, span: float, fontsize: float) -> None:
+    """Write each (middle, row, width, text) label inside its bar, in data units of an x axis `span` wide, only
+    where the bar is wider than its text (at most 0.7 of the font size a character) and a margin: a narrower bar
+    stays bare.  The axis is taken as 10% wider than `span`, for matplotlib's margins."""
+    points_per_unit = ax.get_position().width * ax.figure.get_figwidth() * 72 / (1.1 * span) if span > 0 else 0.0
+    for middle, row, width, text in labels:
+        if width * points_per_unit >= 0.7 * fontsize * len(text) + 4:  # the text, with a margin each side
+            ax.text(middle, row, text, ha="center", va="center", fontsize=fontsize)
+
+
 def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
     """The GPipe schedule from measured per-stage times (forward and backward of one micro batch
     on each stage): all forwards, then all backwards; grey is the bubble."""
@@ -220,12 +230,13 @@ def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
     fig, ax = _figure(10, 0.9 + 0.6 * stages)
     free = [0.0] * stages  # when each stage is next free
     done_forward = [[0.0] * microbatches for _ in range(stages)]
+    labels = []  # (middle, row, width, text), written once the step's length is known
     for m in range(microbatches):
         for s in range(stages):
             start = max(free[s], done_forward[s - 1][m] if s else 0.0)
             free[s] = done_forward[s][m] = start + forward_s[s]
             ax.barh(s, forward_s[s] * 1e3, left=start * 1e3, color=COLORS["forward"], edgecolor="black")
-            ax.text((start + forward_s[s] / 2) * 1e3, s, f"F{m}", ha="center", va="center", fontsize=7)
+            labels.append(((start + forward_s[s] / 2) * 1e3, s, forward_s[s] * 1e3, f"F{m}"))
     done_backward = [[0.0] * microbatches for _ in range(stages)]
     for m in reversed(range(microbatches)):
         for s in reversed(range(stages)):
@@ -233,8 +244,9 @@ def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
             start = max(free[s], ready)
             free[s] = done_backward[s][m] = start + backward_s[s]
             ax.barh(s, backward_s[s] * 1e3, left=start * 1e3, color=COLORS["backward"], edgecolor="black")
-            ax.text((start + backward_s[s] / 2) * 1e3, s, f"B{m}", ha="center", va="center", fontsize=7)
+            labels.append(((start + backward_s[s] / 2) * 1e3, s, backward_s[s] * 1e3, f"B{m}"))
     end = max(free)
+    _bar_labels(ax, labels, end * 1e3, 7)
     ax.barh(range(stages), [end * 1e3] * stages, color=COLORS["idle"], zorder=0)
     busy = sum(microbatches * (f + b) for f, b in zip(forward_s, backward_s))
     bubble = 1 - busy / (stages * end)
@@ -260,11 +272,13 @@ def pipeline_timeline(events: list, step: int | None = None, title: str = ""):
     span = max(e[6] for e in mine) - start
     fig, ax = _figure(10, 0.9 + 0.6 * len(ranks))
     ax.barh(ranks, [span * 1e3] * len(ranks), color=COLORS["idle"], zorder=0)
+    labels = []
     for _, rank, stage, kind, micro_batch, begin, end in mine:
         color = COLORS["forward" if kind == "F" else "backward"]
         ax.barh(rank, (end - begin) * 1e3, left=(begin - start) * 1e3, color=color, edgecolor="black", linewidth=0.5)
         label = f"{kind}{micro_batch}" + (f"/s{stage}" if several else "")
-        ax.text((begin - start + (end - begin) / 2) * 1e3, rank, label, ha="center", va="center", fontsize=6)
+        labels.append(((begin - start + (end - begin) / 2) * 1e3, rank, (end - begin) * 1e3, label))
+    _bar_labels(ax, labels, span * 1e3, 6)
     measured = pipeline_events.bubble(mine, skip_first=False)
     ax.set(yticks=ranks, yticklabels=[f"rank {r}" for r in ranks], xlabel="ms from the step's first forward",
            title=title or f"step {step} as measured: the ranks idle {measured:.0%} of it")

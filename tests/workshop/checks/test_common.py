@@ -8,6 +8,7 @@ from scaledl.workshop import checks
 
 @pytest.mark.parametrize("check, args", [
     (checks.check_training_memory, (None, 10)), (checks.check_training_nodes, (None, 1, 1, 1, 1, 1)),
+    (checks.check_training_days, (None, 1, 1, 1, 1, 1)),
     (checks.check_samples_per_s, (None,)), (checks.check_sharding, (None,)), (checks.check_efficiency, (None, {1: 1})),
     (checks.check_warmup, (None,)), (checks.check_zero_formula, (None,)), (checks.check_parallelism_choice, (None,)),
     (checks.check_ring_prediction, (None,)), (checks.check_fusion, (None,)), (checks.check_batch_triple, (None,)),

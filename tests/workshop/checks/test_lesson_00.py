@@ -2,6 +2,8 @@
 an untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one
 line."""
 
+import re
+
 import numpy as np
 
 from conftest import DATA, fails, verdict
@@ -104,11 +106,15 @@ def test_binding_verdicts_check(capsys):
     # Unusual but right: digit strings for the ranks, capitals and spaces in the words.
     assert checks.check_binding_verdicts({"0": " Split", "1": "FAR"}, depth_16)
     verdict(capsys)
-    # The first guess (depth binding keeps each rank by its GPU), the two swapped, the same for both.
-    fails(capsys, checks.check_binding_verdicts({0: "local", 1: "local"}, depth_16), "local rank 0 is not local",
-          "NUMA nodes its 16 cores span")
-    fails(capsys, checks.check_binding_verdicts({0: "far", 1: "split"}, depth_16), "local rank 0 is not far")
-    fails(capsys, checks.check_binding_verdicts({0: "split", 1: "split"}, depth_16), "local rank 1 is not split")
+    # The verdicts are graded together: every wrong pair (the first guess, depth binding keeps each rank by its GPU;
+    # the two swapped; one of the two right) FAILs with the same line, which names no rank and no rank's answer.
+    wrong = [{0: "local", 1: "local"}, {0: "far", 1: "split"}, {0: "split", 1: "split"}, {0: "far", 1: "far"},
+             {0: "local", 1: "far"}, {0: "split", 1: "local"}]
+    lines = {fails(capsys, checks.check_binding_verdicts(pair, depth_16), "not the verdicts of this launch",
+                   "NUMA nodes its cores span") for pair in wrong}
+    assert len(lines) == 1, lines
+    line = lines.pop()
+    assert not re.search(r"rank \d|\b(split|far)\b", line), line
     fails(capsys, checks.check_binding_verdicts({0: "split"}, depth_16), "1 missing")
     fails(capsys, checks.check_binding_verdicts({0: "half", 1: "far"}, depth_16), "'half' is not a verdict")
     fails(capsys, checks.check_binding_verdicts(["split", "far"], depth_16), "is a dict")

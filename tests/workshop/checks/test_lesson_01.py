@@ -41,6 +41,25 @@ def test_training_memory(capsys):
     verdict(capsys)
 
 
+def test_training_days(capsys):
+    args = (7e9, 2e12, 312e12, 0.4, 64)  # 7,790 GPU-days over 64 A100s: 121.7 days
+    want = 6 * 7e9 * 2e12 / (312e12 * 0.4 * 64) / 86400
+    assert checks.check_training_days(want, *args)
+    assert verdict(capsys) == "PASS: 121.7 days on 64 GPUs"
+    assert checks.check_training_days(np.float64(121.72), *args)  # rounded as printed
+    verdict(capsys)
+    fails(capsys, checks.check_training_days(None, *args), "`days` is not set")
+    fails(capsys, checks.check_training_days(want * 64, *args), "GPU-days")
+    fails(capsys, checks.check_training_days(want / 3, *args), "forward pass only")
+    fails(capsys, checks.check_training_days(want * 0.4, *args), "run at their peak")
+    fails(capsys, checks.check_training_days(want / 4, *args), "64 is the number of GPUs")
+    fails(capsys, checks.check_training_days(want * 4, *args), "counts nodes")
+    fails(capsys, checks.check_training_days(want * 24, *args), "hours")
+    fails(capsys, checks.check_training_days(want * 86400, *args), "seconds")
+    fails(capsys, checks.check_training_days(30, *args), "expected about 122")  # the target, not the answer
+    fails(capsys, checks.check_training_days([121.7], *args), "give a number of days")
+
+
 def test_training_nodes(capsys):
     args = (7e9, 2e12, 312e12, 0.4, 30)  # 7,790 GPU-days: 259.7 A100s for 30 days, 64.9 nodes of 4
     assert checks.check_training_nodes(65, *args)

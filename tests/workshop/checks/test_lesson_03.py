@@ -95,10 +95,14 @@ def test_sharding_check_simulates_two_nodes(capsys):
     # By local rank: on one node it looks right, on two nodes ranks 0 and 3 train on the same samples.
     assert checks.check_sharding(sampler_shard(use_local_rank=True), 16, nodes=1, ranks_per_node=2)
     verdict(capsys)
-    fails(capsys, checks.check_sharding(sampler_shard(use_local_rank=True)),
-          "ranks 0 and 3 both get sample 0", "sharded by local rank")
+    # The FAIL names the symptom, not the fix: the learner works out why ranks 0 and 3 collide.
+    assert not checks.check_sharding(sampler_shard(use_local_rank=True))
+    said = verdict(capsys)
+    assert said.startswith("FAIL: ") and "ranks 0 and 3, on nodes 0 and 1, trained on the same samples" in said
+    assert "local" not in said and "global" not in said, said
     # One node's worth of shards, taken by local rank: every sample twice.
-    fails(capsys, checks.check_sharding(sampler_shard(use_local_rank=True, replicas=3)), "sharded by local rank")
+    fails(capsys, checks.check_sharding(sampler_shard(use_local_rank=True, replicas=3)),
+          "ranks 0 and 3, on nodes 0 and 1, trained on the same samples (7 of them")
     # One node's worth of shards, taken by global rank: the sampler refuses rank 3 of 3.
     fails(capsys, checks.check_sharding(sampler_shard(replicas=3)), "rank=3", "raised ValueError")
     # Padded by a whole world_size: 6 repeats where 4 would do.

@@ -21,27 +21,41 @@ def test_in_sync_check_names_the_framework_fix(capsys):
 def test_rank_device_check(capsys):
     import torch
 
-    def right(local_rank, visible_gpus):
-        return torch.device("cuda", local_rank % visible_gpus) if visible_gpus else torch.device("cpu")
+    def right(local_rank, visible):
+        if not visible:
+            return torch.device("cpu"), None
+        return torch.device("cuda", local_rank % len(visible)), visible[local_rank % len(visible)]
 
     assert checks.check_rank_device(right)
-    assert "cuda:0" in verdict(capsys)
-    # Unusual but right: strings, and the wrapper's case written out.
-    assert checks.check_rank_device(lambda lr, n: "cpu" if n == 0 else "cuda:0" if n == 1 else f"cuda:{lr}")
+    assert "CUDA_VISIBLE_DEVICES" in verdict(capsys)
+    # Unusual but right: strings and a list.
+    assert checks.check_rank_device(lambda lr, v: ["cpu", None] if not v else [f"cuda:{lr % len(v)}", v[lr % len(v)]])
     verdict(capsys)
-    # The local rank, whatever the process sees: wrong under the Polaris wrapper.
-    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", lr) if n else torch.device("cpu")),
-          "wrapper", "cuda:3 does not exist")
-    # Always cuda:0: right under the wrapper, wrong where every rank sees all 4.
-    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", 0) if n else torch.device("cpu")),
-          "all 4 GPUs", "cuda:2")
+    # The local rank as the device, whatever the process sees: wrong under the Polaris wrapper.
+    fails(capsys, checks.check_rank_device(lambda lr, v: (torch.device("cuda", lr), v[lr % len(v)]) if v
+                                           else (torch.device("cpu"), None)), "wrapper", "cuda:1 does not exist")
+    # Always cuda:0: right under the wrapper, wrong for local rank 1 of CUDA_VISIBLE_DEVICES=2,3.
+    fails(capsys, checks.check_rank_device(lambda lr, v: (torch.device("cuda", 0), v[0]) if v
+                                           else (torch.device("cpu"), None)), "local rank 1 of 2", "share out")
+    # The right device, but cuda:i taken for the node's GPU i.
+    fails(capsys, checks.check_rank_device(lambda lr, v: (torch.device("cuda", lr % len(v)), lr % len(v)) if v
+                                           else (torch.device("cpu"), None)), "CUDA_VISIBLE_DEVICES=2,3",
+          "the GPU behind it is not 0")
+    # The local rank as the GPU number.
+    fails(capsys, checks.check_rank_device(lambda lr, v: (torch.device("cuda", lr % len(v)), lr) if v
+                                           else (torch.device("cpu"), None)), "the GPU behind it is not 0")
+    # A GPU number on the CPU.
+    fails(capsys, checks.check_rank_device(lambda lr, v: right(lr, v) if v else (torch.device("cpu"), 0)),
+          "give None")
     # A GPU where there is none.
-    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", lr % max(n, 1))), "sees no GPU")
-    # A bare "cuda", an int, an error, the untouched exercise.
-    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda") if n else torch.device("cpu")),
-          "index")
-    fails(capsys, checks.check_rank_device(lambda lr, n: lr % n if n else "cpu"), "return a torch.device")
-    fails(capsys, checks.check_rank_device(lambda lr, n: torch.device("cuda", lr // (n - 1))), "ZeroDivisionError")
+    fails(capsys, checks.check_rank_device(lambda lr, v: right(lr, v) if v else (torch.device("cuda", 0), 0)),
+          "sees no GPU")
+    # A bare "cuda", only a device, an int, an error, the untouched exercise.
+    fails(capsys, checks.check_rank_device(lambda lr, v: (torch.device("cuda"), v[0]) if v
+                                           else (torch.device("cpu"), None)), "index")
+    fails(capsys, checks.check_rank_device(lambda lr, v: right(lr, v)[0]), "return a pair")
+    fails(capsys, checks.check_rank_device(lambda lr, v: (lr, v[0]) if v else ("cpu", None)), "return a torch.device")
+    fails(capsys, checks.check_rank_device(lambda lr, v: (torch.device("cuda", lr % len(v)), v[lr])), "IndexError")
     fails(capsys, checks.check_rank_device(untouched), "NotImplementedError")
     fails(capsys, checks.check_rank_device(None), "not set")
 
@@ -96,22 +110,37 @@ def test_wrap_prediction_check(capsys):
     fails(capsys, checks.check_wrap_prediction(after[:1], after[:1], before[:1]), "start 2 or more")
 
 
+def uneven_reports(gradient=(0.5, -2.0, 1.0), lrs=(0.1, 0.2), grads=("g1", "g1")):
+    import numpy as np
+
+    g = np.array(gradient)
+    return [{"lr": lr, "grads": fp, "grad": g, "step": -lr * g} for lr, fp in zip(lrs, grads)]
+
+
 def test_uneven_step_check(capsys):
-    """Exercise 1b's second prediction: after a step at two learning rates the gradients agree, the weights not."""
-    measured = [{"grads": "g1", "weights": "w0"}, {"grads": "g1", "weights": "w1"}]
-    assert checks.check_uneven_step({"grads": True, "weights": False}, measured)
-    assert "sends the weights only at construction" in verdict(capsys)
+    """Exercise 1b's second answer: rank 1's weights minus rank 0's after the uneven step, as k x lr x g."""
+    measured = uneven_reports()
+    assert checks.check_uneven_step(-1, measured)
+    assert "-1.000 x lr x g" in verdict(capsys)
+    assert checks.check_uneven_step(-1.01, measured)  # within the tolerance
+    verdict(capsys)
     # The guess that DDP keeps the weights equal whatever the optimizers do.
-    fails(capsys, checks.check_uneven_step({"grads": True, "weights": True}, measured), "sends no weights after its "
-          "constructor")
-    # The guess that each rank keeps its own gradient when the learning rates differ.
-    fails(capsys, checks.check_uneven_step({"grads": False, "weights": False}, measured), "average over the ranks")
-    fails(capsys, checks.check_uneven_step({"grads": False, "weights": True}, measured), "average over the ranks")
-    fails(capsys, checks.check_uneven_step({"grads": "yes", "weights": False}, measured), "two booleans")
-    fails(capsys, checks.check_uneven_step([True, False], measured), "two booleans")
-    fails(capsys, checks.check_uneven_step(None, measured), "`after_uneven_step` is not set")
-    fails(capsys, checks.check_uneven_step({"grads": True, "weights": False}, [measured[0], None]), "did not run")
-    fails(capsys, checks.check_uneven_step({"grads": True, "weights": False}, measured[:1]), "start 2 or more")
+    fails(capsys, checks.check_uneven_step(0, measured), "equal weights")
+    # A step along the gradient, or the sign turned round.
+    fails(capsys, checks.check_uneven_step(1, measured), "look at the sign")
+    # Rank 1's whole step, or twice it: not the difference.
+    fails(capsys, checks.check_uneven_step(-2, measured), "not what the ranks hold")
+    fails(capsys, checks.check_uneven_step(-0.5, measured), "not what the ranks hold")
+    # Graded against the ranks: with rank 1 at 3 lr, k is -2.
+    assert checks.check_uneven_step(-2, uneven_reports(lrs=(0.1, 0.3)))
+    verdict(capsys)
+    fails(capsys, checks.check_uneven_step(-1, uneven_reports(lrs=(0.1, 0.3))), "not what the ranks hold")
+    fails(capsys, checks.check_uneven_step("-1", measured), "give one number")
+    fails(capsys, checks.check_uneven_step(True, measured), "give one number")
+    fails(capsys, checks.check_uneven_step(None, measured), "`weight_gap` is not set")
+    fails(capsys, checks.check_uneven_step(-1, uneven_reports(grads=("g1", "g2"))), "different gradients")
+    fails(capsys, checks.check_uneven_step(-1, [measured[0], None]), "did not run")
+    fails(capsys, checks.check_uneven_step(-1, measured[:1]), "start 2 or more")
 
 
 def test_in_sync_check_needs_two_ranks(capsys):

@@ -112,17 +112,24 @@ COUNTED = [(4, 8, 2), (4, 8, 2)]  # CommDebugMode on 2 ranks, a 2-block model: f
 
 
 def test_allreduce_count(capsys):
-    assert checks.check_allreduce_count({"forward": 2, "backward": 4}, COUNTED)
+    def count(forward=2, backward=4, fused_qkv=4):
+        return {"forward": forward, "backward": backward, "fused_qkv": fused_qkv}
+
+    assert checks.check_allreduce_count(count(), COUNTED)
     assert "2 all-reduces a block in forward and 4 in backward" in verdict(capsys)
     # Megatron-LM's count, q, k and v fused: the rung's plan does not fuse them.
-    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 2}, COUNTED), "Megatron-LM's count")
-    fails(capsys, checks.check_allreduce_count({"forward": 4, "backward": 4}, COUNTED), "[\"forward\"]")
-    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 6}, COUNTED), "column-wise layers")
+    fails(capsys, checks.check_allreduce_count(count(backward=2), COUNTED), "Megatron-LM's count")
+    fails(capsys, checks.check_allreduce_count(count(forward=4), COUNTED), "[\"forward\"]")
+    fails(capsys, checks.check_allreduce_count(count(backward=6), COUNTED), "input gradient is a partial sum")
+    # The fused count: forward unchanged, backward one column-wise layer for q, k and v (2 + 2), not the rung's 6.
+    fails(capsys, checks.check_allreduce_count(count(fused_qkv=6), COUNTED), "[\"fused_qkv\"]")
+    fails(capsys, checks.check_allreduce_count(count(fused_qkv=2), COUNTED), "forward plus backward")
     # A FAIL names the pass, never the number.
-    line = fails(capsys, checks.check_allreduce_count({"forward": 6, "backward": 4}, COUNTED), "partial sum")
+    line = fails(capsys, checks.check_allreduce_count(count(forward=6), COUNTED), "partial sum")
     assert not any(character.isdigit() for character in line), line
-    fails(capsys, checks.check_allreduce_count({"forward": 2.0, "backward": 4}, COUNTED), "whole number")
+    fails(capsys, checks.check_allreduce_count(count(forward=2.0), COUNTED), "whole number")
+    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 4}, COUNTED), "keys")
     fails(capsys, checks.check_allreduce_count({"fwd": 2, "bwd": 4}, COUNTED), "keys")
     fails(capsys, checks.check_allreduce_count(None, COUNTED), "is not set")
-    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 4}, [None, None]), "no count")
-    fails(capsys, checks.check_allreduce_count({"forward": 2, "backward": 4}, [(4, 8, 2), (2, 4, 2)]), "different")
+    fails(capsys, checks.check_allreduce_count(count(), [None, None]), "no count")
+    fails(capsys, checks.check_allreduce_count(count(), [(4, 8, 2), (2, 4, 2)]), "different")

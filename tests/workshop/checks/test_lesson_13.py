@@ -20,13 +20,24 @@ def sp_block_bytes(seq_len, batch, width, heads, tp, sequence_parallel=True):
     return 4 * seq_len * batch * per_token
 
 
+LIMIT = 1 - 2 * 64 / (4 * 64 + 4)  # the exercise's answer for width 64: 0.508
+
+
 def test_sp_block_bytes(capsys):
-    assert checks.check_sp_block_bytes(sp_block_bytes, 4)
-    assert "from tp=4 on sequence parallelism keeps 22% less" in verdict(capsys)
-    assert checks.check_sp_block_bytes(sp_block_bytes, 4, width=768, heads=12)  # GPT-2 small's block
+    from scaledl import activations
+
+    # The limit is what the bytes approach as tp grows.
+    far = 1 - (activations.block_bytes(1, 1, 64, 4, tp=10**6, sequence_parallel=True)
+               / activations.block_bytes(1, 1, 64, 4, tp=10**6))
+    assert far == pytest.approx(LIMIT, abs=1e-4)
+    assert checks.check_sp_block_bytes(sp_block_bytes, LIMIT)
+    assert "toward 50.8%" in verdict(capsys)
+    assert checks.check_sp_block_bytes(sp_block_bytes, 1 - 2 * 768 / (4 * 768 + 4), width=768, heads=12)  # GPT-2 small
+    verdict(capsys)
+    assert checks.check_sp_block_bytes(sp_block_bytes, 0.5)  # the small terms left out: 1 - 2h/4h
     verdict(capsys)
     small_terms_out = lambda s, b, h, a, t, sp: 4 * s * b * (2 * h + 14 * h / t if sp else 4 * h + 12 * h / t)  # noqa: E731
-    assert checks.check_sp_block_bytes(small_terms_out, 4)
+    assert checks.check_sp_block_bytes(small_terms_out, LIMIT)
     verdict(capsys)
     fails(capsys, checks.check_sp_block_bytes(None), "not set")
     fails(capsys, checks.check_sp_block_bytes(untouched), "NotImplementedError")
@@ -41,16 +52,16 @@ def test_sp_block_bytes(capsys):
     fails(capsys, checks.check_sp_block_bytes(lambda *size: sp_block_bytes(*size) / 4), "4 bytes a value")
     fails(capsys, checks.check_sp_block_bytes(lambda s, b, h, a, t, sp: s * b * h), "walk the block")
     fails(capsys, checks.check_sp_block_bytes(lambda *size: "lots"), "return a number of bytes")
-    # The tp that saves a fifth: unset, Megatron-LM's, too few, one the heads do not allow, too many, not a number.
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes), "`tp_for_a_fifth` is not set")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 2), "Megatron-LM's count")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 1), "saves 0.0%, less than a fifth")
-    # A tp the heads do not allow: 3 would save too little, 8 would save enough, but neither divides 4 heads.
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 3), "does not divide the 4 heads")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 8), "does not divide the 4 heads")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 12, width=768, heads=12),
-          "a smaller tp already saves a fifth")
-    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 0.2), "a whole number of ranks")
+    # The limit: unset, Megatron-LM's (everything over tp), the saving at one tp, a percent, not a number.
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes), "`saving_limit` is not set")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 1.0), "Megatron-LM's limit")
+    saving_at_4 = 1 - sp_block_bytes(1, 1, 64, 4, 4, True) / sp_block_bytes(1, 1, 64, 4, 4, False)
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, saving_at_4), "the saving at one tp")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 0.3), "let tp grow in both sums")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 50.8), "a fraction between 0 and 1")
+    fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, "half"), "a fraction between 0 and 1")
+    line = fails(capsys, checks.check_sp_block_bytes(sp_block_bytes, 0.3), "not the limit")
+    assert "0.508" not in line and "50.8" not in line, line
 
 
 def blocks(world_size, tokens=8, seed=0):

@@ -16,17 +16,22 @@ def parts_of(layout, **changes):
     parts (a wrong part)."""
     from scaledl import models
     from scaledl.perf import choose, predict
-    from scaledl.workshop.checks.lesson_14 import step_parts
+    from scaledl.workshop.checks.lesson_14 import step_parts_of
 
     row = choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
                           *(layout[key] for key in ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")))
-    parts = step_parts(row)
+    parts = step_parts_of(row)
     assert sum(parts.values()) == pytest.approx(row["step_s"], rel=1e-12)
     return {key: value * changes.get(key, 1.0) for key, value in parts.items()}
 
 
-def check(layout, parts="right"):
-    return checks.check_layout(layout, parts_of(layout) if parts == "right" else parts)
+def learner(**changes):
+    """A learner's `step_parts` function: the chooser's parts, with `changes` scaling some of them."""
+    return lambda **lay: parts_of(lay, **changes)
+
+
+def check(layout, step_parts=None):
+    return checks.check_layout(layout, step_parts or learner())
 
 
 def test_layout(capsys):
@@ -37,40 +42,43 @@ def test_layout(capsys):
     # The table's worked example: every part present and right, but 12% slower than the fastest.
     fails(capsys, check(layout(dp=4, tp=2, pp=2)), "more than 5% slower", "tensor parallelism's all-reduces")
     # Each part within 2%, and a part that is zero may be off by a millisecond.
-    assert checks.check_layout(layout(), parts_of(layout(), compute=1.019, dp=0.981))
+    assert check(layout(), learner(compute=1.019, dp=0.981))
     verdict(capsys)
-    # A wrong part is named, never its value.
-    line = fails(capsys, checks.check_layout(layout(), parts_of(layout(), dp=1.1)), "`layout_parts[\"dp\"]`",
-                 "5. dp's communication")
+    # A wrong part is named, never its value; the worked example is graded first.
+    line = fails(capsys, check(layout(), learner(dp=1.1)), "the part \"dp\"", "5. dp's communication",
+                 "the worked example")
     assert "0.2" not in line and "0.3" not in line, line
+    # Right on the worked example, wrong only on the learner's own layout (ZeRO-0's bucket rule).
+    only_zero0 = lambda **lay: parts_of(lay, dp=1.5 if lay["zero"] == 0 else 1.0)  # noqa: E731
+    fails(capsys, check(layout(dp=8, pp=2, zero=0), only_zero0), "your layout fits", "5. dp's communication")
     # The dp ring's 50 GB/s not shared by min(tp x pp, 4) rings: 2 rings for the worked example.
-    fails(capsys, checks.check_layout(layout(dp=4, tp=2, pp=2), parts_of(layout(dp=4, tp=2, pp=2), dp=0.5)),
-          "`layout_parts[\"dp\"]`")
-    # The bubble forgotten, tp's all-reduces at Megatron-LM's count but 6 a block, pp's sends on Slingshot.
-    example = layout(dp=4, tp=2, pp=2)
-    fails(capsys, checks.check_layout(example, parts_of(example, bubble=0.0)), "2. the bubble")
-    fails(capsys, checks.check_layout(example, parts_of(example, tp=1.5)), "3. tp's all-reduces")
-    fails(capsys, checks.check_layout(example, parts_of(example, pp=1.5)), "4. pp's sends")
-    fails(capsys, checks.check_layout(layout(), parts_of(layout(), compute=8 / 6)), "1. compute")
-    fails(capsys, checks.check_layout(layout(), {"compute": 8.0}), "must be a dict with the keys")
-    fails(capsys, checks.check_layout(layout(), {**parts_of(layout()), "dp": "0.28"}), "give seconds")
-    fails(capsys, checks.check_layout(layout(), 8.28), "must be a dict with the keys")
-    fails(capsys, checks.check_layout(layout(), None), "`layout_parts` is not set")
-    fails(capsys, checks.check_layout(None, {}), "`layout` is not set")
-    fails(capsys, check({"dp": 16}, {}), "must be a dict with the keys")
+    fails(capsys, check(layout(), learner(dp=0.5)), "the part \"dp\"")
+    # The bubble forgotten, tp's all-reduces at 6 a block, pp's sends on Slingshot.
+    fails(capsys, check(layout(), learner(bubble=0.0)), "2. the bubble")
+    fails(capsys, check(layout(), learner(tp=1.5)), "3. tp's all-reduces")
+    fails(capsys, check(layout(), learner(pp=1.5)), "4. pp's sends")
+    fails(capsys, check(layout(), learner(compute=8 / 6)), "1. compute")
+    fails(capsys, check(layout(), lambda **lay: {"compute": 8.0}), "must return a dict with the keys")
+    fails(capsys, check(layout(), lambda **lay: {**parts_of(lay), "dp": "0.28"}), "give seconds")
+    fails(capsys, checks.check_layout(layout(), 8.28), "must be a function")
+    fails(capsys, checks.check_layout(layout(), None), "`step_parts` is not set")
+    fails(capsys, check(layout(), lambda **lay: 1 / 0), "raised ZeroDivisionError")
+    fails(capsys, check(None), "`layout` is not set")
+    fails(capsys, check({"dp": 16}), "must be a dict with the keys")
     fails(capsys, check(layout(zero=0)), "more than 36 GiB")  # plain DDP: 16 bytes a parameter
     # A slow layout is named slow only once its parts are right: each one tried costs its arithmetic.
-    fails(capsys, check(layout(recompute="full"), parts_of(layout())), "`layout_parts[\"compute\"]`")
+    fails(capsys, check(layout(recompute="full"), lambda **lay: parts_of(lay, compute=0.75 if lay["recompute"] ==
+                                                                         "full" else 1.0)), "1. compute")
     fails(capsys, check(layout(recompute="full")), "adds a third to the compute")
     fails(capsys, check(layout(dp=4, tp=4, zero=3, micro_batch_size=8)), "data parallelism's")
-    fails(capsys, check(layout(dp=2, tp=8), {}), "stays inside a node")
-    fails(capsys, check(layout(dp=8, pp=2, zero=3), {}), "refuses ZeRO-2 and ZeRO-3")
-    fails(capsys, check(layout(dp=8), {}), "must use the 16 ranks")
-    fails(capsys, check(layout(dp=1, tp=4, pp=4, zero=1), {}), "nothing to partition")
-    fails(capsys, check(layout(dp=16, pp=1, tp=1, micro_batch_size=3), {}), "equal parts")
-    fails(capsys, check(layout(dp=16 // 3 * 3, tp=1, pp=1), {}), "must use the 16 ranks")
-    fails(capsys, check(layout(recompute="selective"), {}), "recompute is one of")
-    fails(capsys, check(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1"), {}), "whole numbers")
+    fails(capsys, check(layout(dp=2, tp=8)), "stays inside a node")
+    fails(capsys, check(layout(dp=8, pp=2, zero=3)), "refuses ZeRO-2 and ZeRO-3")
+    fails(capsys, check(layout(dp=8)), "must use the 16 ranks")
+    fails(capsys, check(layout(dp=1, tp=4, pp=4, zero=1)), "nothing to partition")
+    fails(capsys, check(layout(dp=16, pp=1, tp=1, micro_batch_size=3)), "equal parts")
+    fails(capsys, check(layout(dp=16 // 3 * 3, tp=1, pp=1)), "must use the 16 ranks")
+    fails(capsys, check(layout(recompute="selective")), "recompute is one of")
+    fails(capsys, check(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1")), "whole numbers")
 
 
 # ---------------------------------------------------------------- the fastest layout here
@@ -87,30 +95,71 @@ def layout_rows(dp_ms=18.6, tp_ms=76.5, pp_ms=49.1):
 MESSAGES = {"dp": 1, "tp": 24, "pp": 10}  # the exercise's answer: 1 all-reduce; 6 x 4 blocks x 1; 2 x (4 + 2 - 1)
 
 
+def _link():
+    from scaledl.perf import predict
+
+    return predict.Link(770e-6, 1.52e9)
+
+
+def comm_ms(link, scale=1.0, forget_bandwidth=False):
+    """The exercise's answer: each layout's messages times one message's cost on `link`, in milliseconds."""
+    from scaledl.perf import predict
+
+    per_byte = 0.0 if forget_bandwidth else 1 / link.bandwidth_Bps
+    return {"dp": 1e3 * predict.allreduce_s(237_184 * 4, 2, link) * scale,
+            "tp": 1e3 * 24 * (2 * link.alpha_s + 16 * 64 * 64 * 4 * per_byte) * scale,
+            "pp": 1e3 * 10 * (link.alpha_s + 4 * 64 * 64 * 4 * per_byte) * scale}
+
+
 def test_layouts_here_check(capsys):
-    check = checks.check_layouts_here
-    assert check(MESSAGES, ["dp", "pp", "tp"], layout_rows())
+    link = _link()
+    rows = layout_rows()
+    want = comm_ms(link)
+    for row in rows:  # the rows priced with the same link, as `compare` prices them
+        kind = "tp" if row["tp"] > 1 else "pp" if row["pp"] > 1 else "dp"
+        row[f"{kind}_ms"] = round(want[kind], 1)
+
+    def check(messages, comm, order, rows=rows):
+        return checks.check_layouts_here(messages, comm, order, rows, link)
+
+    assert check(MESSAGES, comm_ms, ["dp", "pp", "tp"])
     assert "dp < pp < tp, as measured" in verdict(capsys)
-    fails(capsys, check(None, None, layout_rows()), "`messages_here` is not set")
-    fails(capsys, check({"dp": 1}, ["dp", "pp", "tp"], layout_rows()), "keys")
+    fails(capsys, check(None, None, None), "`messages_here` is not set")
+    fails(capsys, check({"dp": 1}, comm_ms, ["dp", "pp", "tp"]), "keys")
     # A count that is wrong is told the idea to recount, never the number.
-    fails(capsys, check(MESSAGES | {"tp": 16}, ["dp", "pp", "tp"], layout_rows()), "Megatron-LM's count")
-    fails(capsys, check(MESSAGES | {"tp": 6}, ["dp", "pp", "tp"], layout_rows()), "times the blocks")
-    fails(capsys, check(MESSAGES | {"pp": 8}, ["dp", "pp", "tp"], layout_rows()), "fill and drain")
-    fails(capsys, check(MESSAGES | {"dp": 4}, ["dp", "pp", "tp"], layout_rows()), "buckets")
-    fails(capsys, check(MESSAGES | {"dp": 1.0}, ["dp", "pp", "tp"], layout_rows()), "whole number")
+    fails(capsys, check(MESSAGES | {"tp": 16}, comm_ms, ["dp", "pp", "tp"]), "Megatron-LM's count")
+    fails(capsys, check(MESSAGES | {"tp": 6}, comm_ms, ["dp", "pp", "tp"]), "times the blocks")
+    fails(capsys, check(MESSAGES | {"pp": 8}, comm_ms, ["dp", "pp", "tp"]), "fill and drain")
+    fails(capsys, check(MESSAGES | {"dp": 4}, comm_ms, ["dp", "pp", "tp"]), "buckets")
+    fails(capsys, check(MESSAGES | {"dp": 1.0}, comm_ms, ["dp", "pp", "tp"]), "whole number")
     for wrong in (MESSAGES | {"tp": 16}, MESSAGES | {"pp": 8}):
-        check(wrong, ["dp", "pp", "tp"], layout_rows())
+        check(wrong, comm_ms, ["dp", "pp", "tp"])
         line = verdict(capsys)
         assert "24" not in line and "10" not in line  # the answer stays out of the FAIL line
-    # Counts right: the order is graded against the measurement, and a wrong order is not told the right one.
-    fails(capsys, check(MESSAGES, None, layout_rows()), "`order_here` is not set")
-    fails(capsys, check(MESSAGES, ["dp", "tp", "pp"], layout_rows()), "not the order the runs measured")
-    check(MESSAGES, ["tp", "dp", "pp"], layout_rows())
+    # The milliseconds: within a factor of 2 of the chooser's, each kind named when off.
+    fails(capsys, check(MESSAGES, None, ["dp", "pp", "tp"]), "`comm_ms_here` is not set")
+    fails(capsys, check(MESSAGES, {"dp": 2.2}, ["dp", "pp", "tp"]), "must be a function of the link")
+    fails(capsys, check(MESSAGES, lambda link: comm_ms(link, scale=1e-3), ["dp", "pp", "tp"]),
+          "more than a factor of 2", "comm_ms_here(link)[\"dp\"]")  # seconds, not milliseconds
+    fails(capsys, check(MESSAGES, lambda link: comm_ms(link) | {"tp": comm_ms(link)["tp"] * 2.5}, ["dp", "pp", "tp"]),
+          "comm_ms_here(link)[\"tp\"]")
+    fails(capsys, check(MESSAGES, lambda link: comm_ms(link) | {"pp": 1e3 * 10 * link.alpha_s / 4},
+                        ["dp", "pp", "tp"]), "comm_ms_here(link)[\"pp\"]")
+    fails(capsys, check(MESSAGES, lambda link: {"dp": 1.0}, ["dp", "pp", "tp"]), "returns a dict")
+    fails(capsys, check(MESSAGES, lambda link: 1 / 0, ["dp", "pp", "tp"]), "raised ZeroDivisionError")
+    assert check(MESSAGES, lambda link: comm_ms(link, scale=1.9), ["dp", "pp", "tp"])  # a factor of 2 is allowed
+    verdict(capsys)
+    # Counts and milliseconds right: the order is graded against the measurement, never told.
+    fails(capsys, check(MESSAGES, comm_ms, None), "`order_here` is not set")
+    fails(capsys, check(MESSAGES, comm_ms, ["dp", "tp", "pp"]), "not the order the runs measured")
+    check(MESSAGES, comm_ms, ["tp", "dp", "pp"])
     assert "dp < pp" not in verdict(capsys)
-    fails(capsys, check(MESSAGES, ["dp", "dp", "tp"], layout_rows()), "once each")
+    fails(capsys, check(MESSAGES, comm_ms, ["dp", "dp", "tp"]), "once each")
     # The measurement decides: where the pipeline ran fastest, it comes first.
-    assert check(MESSAGES, ["pp", "dp", "tp"], layout_rows(dp_ms=60.0))
+    slow_dp = layout_rows(dp_ms=60.0)
+    for row, priced in zip(slow_dp, rows):
+        row.update({key: priced[key] for key in ("tp_ms", "pp_ms", "dp_ms")})
+    assert check(MESSAGES, comm_ms, ["pp", "dp", "tp"], slow_dp)
     verdict(capsys)
 
 

@@ -9,7 +9,8 @@ May import: the helpers (scaledl.*), scaledl.hpc, scaledl.perf and the rest of s
 """
 from scaledl.workshop.checks.common import from_ranks, gather
 from scaledl.workshop.checks.lesson_00 import check_binding_launch, check_binding_prediction, check_binding_verdicts
-from scaledl.workshop.checks.lesson_01 import check_parallelism_choice, check_training_memory, check_training_nodes
+from scaledl.workshop.checks.lesson_01 import (check_parallelism_choice, check_training_days, check_training_memory,
+                                              check_training_nodes)
 from scaledl.workshop.checks.lesson_02 import (SimulatedDevice, check_samples_per_s, check_step_prediction,
                                                check_stopwatch_prediction)
 from scaledl.workshop.checks.lesson_03 import check_all_reduce, check_ring_prediction, check_sharding, ring_allreduce_s
@@ -43,7 +44,8 @@ __all__ = [
     "check_rank_groups", "check_ring_attention", "check_ring_prediction", "check_sp_block_bytes", "check_samples_per_s",
     "check_resumed_start", "check_sharding", "check_step_prediction", "check_stopwatch_prediction",
     "check_summed_step", "check_uneven_step",
-    "check_stage2_window", "check_tensor_parallel_mlp", "check_training_memory", "check_training_nodes",
+    "check_stage2_window", "check_tensor_parallel_mlp", "check_training_memory", "check_training_days",
+    "check_training_nodes",
     "check_warmup", "check_window_prediction", "check_wrap_prediction", "check_zero_formula", "deepspeed_batch",
     "from_ranks", "gather", "horovod_fuse", "ring_allreduce_s", "SimulatedDevice",
 ]

@@ -35,7 +35,12 @@ def check_binding_launch(placements: list, min_cpus: int = 8) -> bool:
 def check_binding_verdicts(verdicts, placements: list) -> bool:
     """`verdicts[local_rank]` is "local", "split" or "far" for a launch whose ranks land as
     `placements` (`scaledl.hpc.binding.plan`): the learner reads it off the node's table before the
-    launch's own printout shows it.  Local ranks as ints or digit strings; the words in any case."""
+    launch's own printout shows it.  Local ranks as ints or digit strings; the words in any case.
+
+    The verdicts are graded together, as `check_binding_prediction` grades its mapping: every wrong
+    set FAILs with the same words, which name no rank, so that trying words until the check passes
+    learns nothing from its messages.  What a failure may name is the form: a rank left out, or a
+    word that is not a verdict."""
     words = ("local", "split", "far")
     if not verdicts:
         return _unfinished("VERDICTS")
@@ -48,14 +53,14 @@ def check_binding_verdicts(verdicts, placements: list) -> bool:
     missing = [p.local_rank for p in placements if p.local_rank not in given]
     if missing:
         return _verdict(False, f"give a verdict for every local rank: {', '.join(map(str, missing))} missing")
-    for rank, word in given.items():
+    for word in given.values():
         if word not in words:
-            return _verdict(False, f"local rank {rank}: {word!r} is not a verdict; say 'local', 'split' or 'far'")
-    for p in placements:
-        if given[p.local_rank] != p.verdict:
-            return _verdict(False, f"local rank {p.local_rank} is not {given[p.local_rank]}: list the NUMA nodes "
-                                   f"its {len(p.cpus)} cores span (the table above gives each NUMA node's cores), "
-                                   "and compare them with its GPU's")
+            return _verdict(False, f"{word!r} is not a verdict; say 'local', 'split' or 'far'")
+    if any(given[p.local_rank] != p.verdict for p in placements):
+        # One answer for every wrong set, however many of its words are right: it names the reasoning, no rank.
+        return _verdict(False, "not the verdicts of this launch (the check does not say which): for each rank, list "
+                               "the NUMA nodes its cores span (the table above gives each NUMA node's cores), and "
+                               "compare them with its GPU's")
     return _verdict(True, "; ".join(f"local rank {p.local_rank}: {p.verdict}" for p in placements))
 
 

@@ -54,6 +54,32 @@ def check_training_memory(memory, num_params: int) -> bool:
                           "a parameter, as many as in fp32")
 
 
+def check_training_days(days, num_params: float, num_tokens: float, peak_flops: float, utilization: float,
+                        num_gpus: int) -> bool:
+    """The days that `num_gpus` GPUs take to train: 6 x parameters x tokens FLOPs (2 forward + 4
+    backward), at the sustained rate utilization x peak per GPU, over 86,400 seconds a day."""
+    if days is None:
+        return _unfinished("days")
+    try:
+        got = float(days)
+    except (TypeError, ValueError):
+        return _verdict(False, f"`days` is {days!r}: give a number of days")
+    want = 6 * num_params * num_tokens / (peak_flops * utilization * num_gpus) / 86400
+    if math.isclose(got, want, rel_tol=1e-3):
+        return _verdict(True, f"{want:,.1f} days on {num_gpus} GPUs")
+    for factor, message in ((num_gpus, "that is GPU-days, the time on one GPU: share the work over the GPUs"),
+                            (1 / 3, "you counted the forward pass only (2 N T): backward costs twice the forward"),
+                            (utilization, "that assumes the GPUs run at their peak: multiply peak by the utilization"),
+                            (1 / 4, f"that divides by {num_gpus} nodes: {num_gpus} is the number of GPUs"),
+                            (4, "that counts nodes of 4 GPUs where the GPUs are given"),
+                            (86400, "that is seconds: a day has 86,400 of them"),
+                            (24, "that is hours: a day has 24 of them")):
+        if math.isclose(got, want * factor, rel_tol=1e-3):
+            return _verdict(False, f"{got:,.4g} days: {message}")
+    return _verdict(False, f"{got:,.4g} days, expected about {want:,.0f}: FLOPs = 6 x parameters x tokens; divide by "
+                           "what the GPUs sustain in a second, then by the seconds in a day")
+
+
 def check_training_nodes(nodes, num_params: float, num_tokens: float, peak_flops: float, utilization: float,
                          target_days: float, gpus_per_node: int = 4) -> bool:
     """The fewest nodes of `gpus_per_node` GPUs that train in `target_days`: 6 x parameters x tokens

@@ -77,11 +77,13 @@ def check_sharding(shard, num_samples: int = 20, nodes: int = 2, ranks_per_node:
         # Name a pair of ranks with the same local rank when there is one: that is the usual mistake.
         index, first, second = next((pair for pair in pairs if pair[1] % ranks_per_node == pair[2] % ranks_per_node),
                                     pairs[0])
-        ranks = [first, second]
-        same_local = first % ranks_per_node == second % ranks_per_node
-        hint = ("you sharded by local rank, which repeats on every node: use the global rank" if same_local
-                else "each rank needs its own place: the global rank among world_size ranks")
-        return _verdict(False, f"{where}: ranks {ranks[0]} and {ranks[1]} both get sample {index}: {hint}")
+        if first % ranks_per_node == second % ranks_per_node:  # the symptom only: the learner finds the cause
+            shared = sorted(set(by_rank[first]) & set(by_rank[second]))
+            return _verdict(False, f"{where}: ranks {first} and {second}, on nodes {first // ranks_per_node} and "
+                                   f"{second // ranks_per_node}, trained on the same samples ({len(shared)} of them, "
+                                   f"first: {shared[0]}): every sample must go to one rank of the whole job")
+        hint = "each rank needs its own place: the global rank among world_size ranks"
+        return _verdict(False, f"{where}: ranks {first} and {second} both get sample {index}: {hint}")
     if len(sizes) > 1 and not missing:
         counts = [len(indices) for indices in by_rank]
         small = counts.index(min(counts))

@@ -54,84 +54,105 @@ def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list
                            "those printed before it")
 
 
-def check_uneven_step(predicted, measured_by_rank: list) -> bool:
-    """Exercise 1b's second prediction: after a DDP step in which the ranks' optimizers use different
-    learning rates, do the ranks hold equal gradients ("grads") and equal weights ("weights")?  Each rank
-    gives {"grads": fingerprint of its .grad after backward, "weights": of its weights after the step}.
-    DDP averages the gradients in every backward and sends the weights only at construction, so the
-    gradients agree and the weights do not: {"grads": True, "weights": False}."""
+def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02) -> bool:
+    """Exercise 1b's second answer: after a DDP step in which rank 0's plain SGD uses lr and the other ranks'
+    use 2 lr, rank 1's weights minus rank 0's are k x lr x g, with g the gradient rank 0 holds after the step's
+    backward.  `predicted` is k.  Each rank gives {"lr": its learning rate, "grads": a fingerprint of its .grad,
+    "grad": its .grad flattened, "step": its weights after the step minus before, flattened}.  DDP averages the
+    gradients in every backward and sends the weights only at construction, so the ranks start the step equal,
+    hold the same g, and rank 1 moves lr x g further than rank 0: k = -1."""
+    import numpy as np
+
     if predicted is None:
-        return _unfinished("after_uneven_step")
+        return _unfinished("weight_gap")
     if measured_by_rank is None or any(m is None for m in measured_by_rank):
         return _verdict(False, "the uneven step did not run on every rank: run it, then this check")
     if len(measured_by_rank) < 2:  # one rank agrees with itself whatever DDP does
         return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
-    if not isinstance(predicted, dict) or set(predicted) != {"grads", "weights"} or not all(
-            isinstance(v, bool) for v in predicted.values()):
-        return _verdict(False, f"`after_uneven_step` is {predicted!r}: give a dict with two booleans, "
-                               '{"grads": ..., "weights": ...}')
-    measured = {key: len({m[key] for m in measured_by_rank}) == 1 for key in ("grads", "weights")}
-    if predicted == measured:
-        return _verdict(True, "the ranks hold the same averaged gradients but different weights: DDP averages the "
-                              "gradients in every backward and sends the weights only at construction, so each "
-                              "optimizer's own learning rate moved its copy apart")
-    if predicted["grads"] != measured["grads"]:
-        hint = ("backward under DDP leaves the average over the ranks in every rank's .grad, whatever each optimizer "
-                "then does with it" if measured["grads"] else
-                "the ranks' gradients differ: they are averaged only when DDP's backward synchronizes")
-        return _verdict(False, f"you predicted {'equal' if predicted['grads'] else 'different'} gradients: {hint}")
-    hint = ("DDP sends no weights after its constructor: it keeps the copies equal only by giving every rank the "
-            "same averaged gradient, so an optimizer that steps differently on one rank moves that copy apart, and "
-            "nothing pulls it back" if measured["weights"] is False else
-            "the weights agree after the step: every rank applied the same averaged gradient the same way")
-    return _verdict(False, f"you predicted {'equal' if predicted['weights'] else 'different'} weights: {hint}")
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
+        return _verdict(False, f"`weight_gap` is {predicted!r}: give one number, k in k x lr x g")
+    if len({m["grads"] for m in measured_by_rank}) != 1:
+        return _verdict(False, "the ranks hold different gradients after the uneven step's backward: run the cells "
+                               "from the wrap on, in order, so that the model is wrapped in DDP")
+    first, second = measured_by_rank[0], measured_by_rank[1]
+    gradient = np.asarray(first["grad"], dtype=np.float64)
+    gap = np.asarray(second["step"], dtype=np.float64) - np.asarray(first["step"], dtype=np.float64)
+    measured = float(gap @ gradient / (first["lr"] * (gradient @ gradient)))
+    if abs(predicted - measured) <= tolerance * max(1.0, abs(measured)):
+        return _verdict(True, f"rank 1's weights minus rank 0's are {measured:.3f} x lr x g: both ranks held the "
+                              "same averaged g and the same weights before the step, and rank 1's optimizer moved "
+                              "its copy a further lr x g against g. DDP sends the weights only at construction, so "
+                              "nothing pulls that copy back")
+    if predicted == 0:
+        hint = ("you predicted equal weights: does DDP send anything after its constructor other than the "
+                "gradients, and what does each rank's optimizer then do with them?")
+    elif (predicted > 0) != (measured > 0):
+        hint = "look at the sign: each rank steps against g, and the rank with the larger learning rate goes further"
+    else:
+        hint = ("not what the ranks hold: start from the weights every rank holds before the uneven step, and take "
+                "each rank's step with its own learning rate and the gradient it holds after backward")
+    return _verdict(False, f"you predicted {predicted:g} x lr x g: {hint}")
 
 
-# (local rank, GPUs the process can see, what the case is, the device it must compute on)
+# (local rank, the GPUs its process sees, as CUDA_VISIBLE_DEVICES lists them, what the case is,
+#  the device it must compute on, the GPU number behind that device)
 _RANK_DEVICE_CASES = [
-    (3, 1, "local rank 3 under the Polaris job's wrapper (it sees one GPU)", "cuda:0"),
-    (2, 4, "local rank 2 on a node where every rank sees all 4 GPUs", "cuda:2"),
-    (0, 4, "local rank 0 on a node where every rank sees all 4 GPUs", "cuda:0"),
-    (1, 0, "local rank 1 on a machine without a GPU", "cpu"),
+    (0, [2, 3], "local rank 0 of 2, started with CUDA_VISIBLE_DEVICES=2,3 on a 4-GPU node", "cuda:0", 2),
+    (1, [2, 3], "local rank 1 of 2, started with CUDA_VISIBLE_DEVICES=2,3 on a 4-GPU node", "cuda:1", 3),
+    (1, [2], "local rank 1 under the Polaris job's wrapper, which sets CUDA_VISIBLE_DEVICES=2 for it", "cuda:0", 2),
+    (2, [0, 1, 2, 3], "local rank 2 on a 4-GPU node where every rank sees all 4 GPUs", "cuda:2", 2),
+    (1, [], "local rank 1 on a machine without a GPU", "cpu", None),
 ]
 
 
 def check_rank_device(rank_device) -> bool:
-    """`rank_device(local_rank, visible_gpus) -> torch.device`: the device a rank computes on.  CUDA
-    numbers the GPUs a process can see from 0 (CUDA_VISIBLE_DEVICES), so under a launcher that shows each
-    rank only its own GPU that GPU is cuda:0, whatever the local rank; where every rank sees every GPU
-    it is cuda:<local_rank>; with none, the CPU (`scaledl.setup` takes cuda:<local_rank % visible>)."""
+    """`rank_device(local_rank, visible) -> (torch.device, gpu)`: the device a rank computes on, and the GPU
+    number (as CUDA_VISIBLE_DEVICES names the node's GPUs) behind it.  `visible` lists the GPUs the rank's
+    process sees, in CUDA_VISIBLE_DEVICES' order.  CUDA numbers the GPUs a process sees from 0 in that order, so
+    the device is cuda:<local_rank % len(visible)> and the GPU is visible[local_rank % len(visible)]; with none,
+    the CPU and None (`scaledl.setup` takes cuda:<local_rank % visible>)."""
     import torch
 
     if rank_device is None:
         return _unfinished("rank_device")
-    for local_rank, visible, case, want in _RANK_DEVICE_CASES:
-        got = _attempt("rank_device", case, lambda: rank_device(local_rank, visible))
+    for local_rank, visible, case, want, want_gpu in _RANK_DEVICE_CASES:
+        got = _attempt("rank_device", case, lambda: rank_device(local_rank, list(visible)))
         if got is _FAILED:
             return False
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            return _verdict(False, f"{case}: rank_device returned {got!r}: return a pair (device, GPU number), "
+                                   "such as (torch.device('cuda', 0), 3) or (torch.device('cpu'), None)")
         try:
-            device = torch.device(got)
+            device = torch.device(got[0])
         except (TypeError, RuntimeError):
-            return _verdict(False, f"{case}: rank_device returned {got!r}: return a torch.device, "
+            return _verdict(False, f"{case}: rank_device returned the device {got[0]!r}: return a torch.device, "
                                    "such as torch.device('cuda', 0) or torch.device('cpu')")
-        if (device.type, device.index if device.type == "cuda" else None) == (torch.device(want).type,
-                                                                             torch.device(want).index):
+        gpu = got[1]
+        right_device = (device.type, device.index if device.type == "cuda" else None) == (
+            torch.device(want).type, torch.device(want).index)
+        if right_device and gpu == want_gpu and (gpu is None) == (want_gpu is None):
             continue
-        if want == "cpu":
-            hint = "a rank that sees no GPU computes on the CPU"
-        elif device.type == "cuda" and device.index is None:
-            hint = "name the GPU's index: a bare 'cuda' is whichever GPU is current, not this rank's own"
-        elif device.type != "cuda":
-            hint = "this rank sees a GPU: it computes on one, not on the CPU"
-        elif visible == 1:
-            hint = (f"the wrapper shows this rank one GPU, and CUDA numbers the GPUs a process sees from 0: "
-                    f"cuda:{device.index} does not exist in this process")
+        if not right_device:
+            if want == "cpu":
+                hint = "a rank that sees no GPU computes on the CPU"
+            elif device.type == "cuda" and device.index is None:
+                hint = "name the GPU's index: a bare 'cuda' is whichever GPU is current, not this rank's own"
+            elif device.type != "cuda":
+                hint = "this rank sees a GPU: it computes on one, not on the CPU"
+            elif device.index >= len(visible):
+                hint = (f"this process sees {len(visible)} GPU(s), and CUDA numbers those from 0: "
+                        f"cuda:{device.index} does not exist in it")
+            else:
+                hint = "the local ranks share out the GPUs they see, one each: which one is this rank's?"
+            return _verdict(False, f"{case}: rank_device gave the device {device}, which is wrong: {hint}")
+        if want_gpu is None:
+            hint = "on the CPU there is no GPU behind the device: give None"
         else:
-            hint = (f"every rank sees all {visible} GPUs here: each takes the one of its local rank, or the ranks "
-                    "share one GPU while the others idle")
-        return _verdict(False, f"{case}: rank_device gave {device}, it must be {want}: {hint}")
-    return _verdict(True, f"all {len(_RANK_DEVICE_CASES)} ranks on the right device: the GPUs a process sees are "
-                          "numbered from 0, so under Polaris' wrapper every rank is on cuda:0")
+            hint = ("cuda:i inside a process is not the node's GPU i: which of the GPUs that CUDA_VISIBLE_DEVICES "
+                    "names does the process call cuda:i?")
+        return _verdict(False, f"{case}: the device is right, but the GPU behind it is not {gpu!r}: {hint}")
+    return _verdict(True, f"all {len(_RANK_DEVICE_CASES)} ranks on the right device and GPU: a process numbers the "
+                          "GPUs it sees from 0, in the order CUDA_VISIBLE_DEVICES lists them")
 
 
 def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance: float = 1e-5) -> bool:

@@ -128,15 +128,19 @@ def check_tensor_parallel_mlp(ys, w1s, w2s, mlp, x, tolerance: float = 1e-4) -> 
 
 
 def check_allreduce_count(predicted, counted) -> bool:
-    """`predicted`: {"forward": n, "backward": n}, the all-reduces one block of the tensor-parallel rung makes in one
-    forward and in one backward (q, k and v three column-wise layers, as `models.COLUMNWISE` lists them), against
-    `counted`, one (forward, backward, depth) per rank from CommDebugMode over one step of a `depth`-block model.
-    A FAIL names the pass to recount, never the number."""
+    """`predicted`: {"forward": n, "backward": n, "fused_qkv": n}, the all-reduces one block of the tensor-parallel
+    rung makes in one forward and in one backward (q, k and v three column-wise layers, as `models.COLUMNWISE`
+    lists them), and a block's forward plus backward with q, k and v fused into one column-wise layer
+    (Megatron-LM's), against `counted`, one (forward, backward, depth) per rank from CommDebugMode over one step of
+    a `depth`-block model.  A FAIL names the pass to recount, never the number."""
+    from scaledl import models
+
     if predicted is None:
         return _unfinished("allreduces_per_block")
-    if not isinstance(predicted, dict) or set(predicted) != {"forward", "backward"}:
-        return _verdict(False, f"`allreduces_per_block` is a dict with the keys \"forward\" and \"backward\", got "
-                               f"{predicted!r}")
+    keys = {"forward", "backward", "fused_qkv"}
+    if not isinstance(predicted, dict) or set(predicted) != keys:
+        return _verdict(False, f"`allreduces_per_block` is a dict with the keys \"forward\", \"backward\" and "
+                               f"\"fused_qkv\", got {predicted!r}")
     for name, value in predicted.items():
         if isinstance(value, bool) or not isinstance(value, int):
             return _verdict(False, f"`allreduces_per_block[\"{name}\"]` is {value!r}: give a whole number")
@@ -154,9 +158,15 @@ def check_allreduce_count(predicted, counted) -> bool:
     if predicted["backward"] != backward:
         why = ("that is Megatron-LM's count, with q, k and v fused into one layer; the rung's plan splits them as "
                "three layers, each with its own input gradient" if predicted["backward"] == forward else
-               "in backward, a layer whose input gradient is a partial sum waits on an all-reduce: count the block's "
-               "column-wise layers")
+               "in backward, ask which layers' input gradient is a partial sum over the ranks, as the MLP's first "
+               "layer's was, and count those layers in the block")
         return _verdict(False, f"`allreduces_per_block[\"backward\"]` is not what CommDebugMode counted: {why}")
+    fused = forward + backward - (len([name for name in models.COLUMNWISE if "attention" in name]) - 1)
+    if predicted["fused_qkv"] != fused:
+        return _verdict(False, "`allreduces_per_block[\"fused_qkv\"]` is not right: with q, k and v fused into one "
+                               "column-wise layer, forward is unchanged; how many column-wise layers' input gradients "
+                               "are left in backward? Give forward plus backward")
     return _verdict(True, f"{forward:.0f} all-reduces a block in forward and {backward:.0f} in backward, as "
                           f"CommDebugMode counted on each of the {len(counted)} ranks: one after each row-wise layer, "
-                          "one into each column-wise layer's input gradient (q, k and v three of them)")
+                          f"one into each column-wise layer's input gradient (q, k and v three of them); {fused:.0f} "
+                          "a block with q, k and v fused, Megatron-LM's count")

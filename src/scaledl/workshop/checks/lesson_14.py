@@ -52,7 +52,7 @@ PARTS = {"compute": "1. compute", "bubble": "2. the bubble", "tp": "3. tp's all-
          "dp": "5. dp's communication"}
 
 
-def step_parts(row: dict) -> dict:
+def step_parts_of(row: dict) -> dict:
     """A row of scaledl.perf.choose.evaluate as its five parts, in seconds: the compute at the MFU, what the bubble
     stretches it by, tp's all-reduces, pp's sends and dp's exposed communication (they add up to row["step_s"])."""
     stretched = row["step_s"] - row["tp_s"] - row["pp_s"] - row["dp_s"]  # compute / (1 - bubble)
@@ -60,50 +60,74 @@ def step_parts(row: dict) -> dict:
             "pp": row["pp_s"], "dp": row["dp_s"]}
 
 
-def check_layout(layout, parts, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
-                 global_batch_size: int = 512, within: float = 0.05, part_within: float = 0.02) -> bool:
-    """The capstone: `layout`, a dict of LAYOUT_KEYS for the language model at `preset`'s size on `nodes`
-    of `system` at `global_batch_size` sequences a step, must be one the machine and DeepSpeed allow,
-    fit in a device (scaledl.perf.choose's memory per rank) and be predicted within `within` of the
-    fastest layout that fits.  `parts`, the learner's own prediction of the layout's step as a dict of PARTS'
-    keys in seconds, must match the chooser's part by part (each within `part_within` of it, or of a millisecond
-    where it is zero) before the verdict on speed says anything: so each layout tried costs its arithmetic, and
-    the check is not a search.  A wrong part is named, never its value."""
+EXAMPLE = {"dp": 4, "tp": 2, "pp": 2, "zero": 1, "recompute": "none", "micro_batch_size": 1}  # the table's example
+
+
+def _parts_wrong(step_parts, layout: dict, want: dict, part_within: float, which: str):
+    """None when `step_parts(**layout)` matches `want` part by part, else the one-line FAIL text (False after
+    a FAIL already printed by `_attempt`).  A wrong part is named, never its value."""
     import math
 
+    call = ", ".join(f"{key}={layout[key]!r}" for key in LAYOUT_KEYS)
+    found = _attempt("step_parts", f"step_parts({call})", lambda: step_parts(**layout))
+    if found is _FAILED:
+        return False
+    if not isinstance(found, dict) or set(found) != set(PARTS):
+        return f"`step_parts` must return a dict with the keys {', '.join(PARTS)}, each in seconds"
+    for key, name in PARTS.items():
+        value = found[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"`step_parts(...)[\"{key}\"]` is {value!r} for {which}: give seconds, a number"
+        if not math.isclose(value, want[key], rel_tol=part_within, abs_tol=1e-3):
+            return (f"for {which}, the part \"{key}\" is not within {part_within:.0%} of the chooser's: work out "
+                    f"row {name} of the table again for this layout")
+    return None
+
+
+def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                 global_batch_size: int = 512, within: float = 0.05, part_within: float = 0.02) -> bool:
+    """The capstone: `step_parts(dp, tp, pp, zero, recompute, micro_batch_size)`, the learner's predicted step of a
+    layout as a dict of PARTS' keys in seconds, must match the chooser's part by part (each within `part_within`,
+    or a millisecond where it is zero) on the table's worked example (EXAMPLE) and on `layout`.  `layout`, a dict
+    of LAYOUT_KEYS for the language model at `preset`'s size on `nodes` of `system` at `global_batch_size`
+    sequences a step, must be one the machine and DeepSpeed allow, fit in a device (scaledl.perf.choose's memory
+    per rank) and be predicted within `within` of the fastest layout that fits.  The verdict on speed comes only
+    after the parts are right, so each layout tried costs its arithmetic; a wrong part is named, never its value."""
     from scaledl import models
     from scaledl.perf import choose, predict
 
+    if step_parts is None:
+        return _unfinished("step_parts")
+    if not callable(step_parts):
+        return _verdict(False, "`step_parts` must be a function of (dp, tp, pp, zero, recompute, micro_batch_size)")
+    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
+
+    def chooser(lay: dict) -> dict:
+        return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
+
+    wrong = _parts_wrong(step_parts, EXAMPLE, step_parts_of(chooser(EXAMPLE)), part_within, "the worked example")
+    if wrong is not None:
+        return wrong if wrong is False else _verdict(False, wrong)
     if layout is None:
         return _unfinished("layout")
-    if parts is None:
-        return _unfinished("layout_parts")
     if not isinstance(layout, dict) or set(LAYOUT_KEYS) - set(layout):
         return _verdict(False, f"`layout` must be a dict with the keys {', '.join(LAYOUT_KEYS)}")
     dp, tp, pp, zero, recompute, micro = (layout[key] for key in LAYOUT_KEYS)
-    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
     if not all(isinstance(v, int) and v >= 1 for v in (dp, tp, pp, micro)) or zero not in (0, 1, 2, 3):
         return _verdict(False, "dp, tp, pp and micro_batch_size are whole numbers of at least 1, zero a stage 0-3")
     refused = choose.refusal(sizes, machine, nodes, global_batch_size, dp, tp, pp, zero, recompute, micro)
     if refused:
         return _verdict(False, refused)
-    row = choose.evaluate(sizes, machine, device, nodes, global_batch_size, dp, tp, pp, zero, recompute, micro)
+    row = chooser(layout)
     limit = 0.9 * device.memory_bytes / 2**30
     if not row["fits"]:
         return _verdict(False, f"it needs {row['memory_gib']:.1f} GiB a rank, more than {limit:.0f} GiB (90% of the "
                                f"{device.name}'s): shard the state (a higher ZeRO stage), recompute, split the layers "
                                "or use smaller micro batches")
-    if not isinstance(parts, dict) or set(parts) != set(PARTS):
-        return _verdict(False, f"`layout_parts` must be a dict with the keys {', '.join(PARTS)}, each in seconds")
-    want = step_parts(row)
-    for key, name in PARTS.items():
-        found = parts[key]
-        if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found):
-            return _verdict(False, f"`layout_parts[\"{key}\"]` is {found!r}: give seconds, a number")
-        if not math.isclose(found, want[key], rel_tol=part_within, abs_tol=1e-3):
-            return _verdict(False, f"your layout fits ({row['memory_gib']:.1f} GiB a rank), but "
-                                   f"`layout_parts[\"{key}\"]` is not within {part_within:.0%} of the chooser's: "
-                                   f"work out row {name} of the table again for this layout")
+    wrong = _parts_wrong(step_parts, layout, step_parts_of(row), part_within, "your layout")
+    if wrong is not None:
+        return wrong if wrong is False else _verdict(False, f"your layout fits ({row['memory_gib']:.1f} GiB a rank), "
+                                                            f"but {wrong}")
     best = choose.layouts(sizes, machine, device, nodes, global_batch_size)[0]
     named = ", ".join(f"{key} {best[key]}" for key in LAYOUT_KEYS)
     if row["step_s"] > (1 + within) * best["step_s"]:
@@ -114,9 +138,9 @@ def check_layout(layout, parts, preset: str = "gpt3-2.7b", system: str = "polari
         return _verdict(False, f"it fits ({row['memory_gib']:.1f} GiB a rank) but is predicted at {row['step_s']:.2f} "
                                f"s a step, more than {within:.0%} slower than the fastest that fits, "
                                f"{best['step_s']:.2f} s ({named}): {extra}")
-    return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, every part of its step right, {row['step_s']:.2f} s "
-                          f"a step predicted, within {within:.0%} of the fastest that fits ({best['step_s']:.2f} s: "
-                          f"{named})")
+    return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, every part of its step right (and of the worked "
+                          f"example's), {row['step_s']:.2f} s a step predicted, within {within:.0%} of the fastest "
+                          f"that fits ({best['step_s']:.2f} s: {named})")
 
 
 _KINDS = {"dp": "data parallelism", "tp": "tensor parallelism", "pp": "a pipeline"}
@@ -141,10 +165,14 @@ def _messages(row: dict) -> int:
     return 1
 
 
-def check_layouts_here(messages_here, order_here, rows: list[dict]) -> bool:
+def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict], link) -> bool:
     """`messages_here`: {"dp": n, "tp": n, "pp": n}, the all-reduces or sends one step of each 2-rank layout waits
-    on (`_messages`); `order_here`: the three kinds, fastest measured step first (`compare`'s rows, one of each
-    kind).  A FAIL names the idea to recount or reweigh, never the number or the order."""
+    on (`_messages`); `comm_ms_here(link)`: each layout's predicted communication a step in milliseconds (messages
+    times one message's cost on `link`, the fitted all-reduce), within a factor of 2 of the chooser's (`compare`'s
+    rows); `order_here`: the three kinds, fastest measured step first (`compare`'s rows, one of each kind).  A FAIL
+    names the idea to recount or reweigh, never the number or the order."""
+    import math
+
     from scaledl.perf import predict
 
     if messages_here is None:
@@ -169,6 +197,31 @@ def check_layouts_here(messages_here, order_here, rows: list[dict]) -> bool:
                     predict.MEGATRON_TP_ALLREDUCES_PER_BLOCK:
                 why = "that is Megatron-LM's count a block, with q, k and v fused; the rung's layers are not"
             return _verdict(False, f"`messages_here[\"{kind}\"]` is {found}, not what the chooser counts: {why}")
+    if comm_ms_here is None:
+        return _unfinished("comm_ms_here")
+    if not callable(comm_ms_here):
+        return _verdict(False, "`comm_ms_here` must be a function of the link, returning {\"dp\": ms, \"tp\": ms, "
+                               "\"pp\": ms}")
+    found = _attempt("comm_ms_here", "comm_ms_here(link)", lambda: comm_ms_here(link))
+    if found is _FAILED:
+        return False
+    if not isinstance(found, dict) or set(found) != set(_KINDS):
+        return _verdict(False, f"`comm_ms_here(link)` returns a dict with the keys \"dp\", \"tp\" and \"pp\", got "
+                               f"{found!r}")
+    cost = {"dp": "one ring all-reduce of the gradients' bytes on 2 ranks: 2 ring steps, each alpha plus half the "
+                  "bytes over the bandwidth",
+            "tp": "each all-reduce is a ring all-reduce of one micro batch's activations on 2 ranks (2 alpha plus "
+                  "the bytes over the bandwidth)",
+            "pp": "each send is one alpha plus one micro batch's activations over the bandwidth"}
+    for kind in ("dp", "tp", "pp"):
+        value, want = found[kind], by_kind[kind][f"{kind}_ms"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            return _verdict(False, f"`comm_ms_here(link)[\"{kind}\"]` is {value!r}: give milliseconds, a positive "
+                                   "number")
+        if not want / 2 <= value <= want * 2:
+            return _verdict(False, f"your counts are right, but `comm_ms_here(link)[\"{kind}\"]` is more than a factor "
+                                   f"of 2 from the chooser's: {cost[kind]}; the link's alpha and bandwidth are in "
+                                   "seconds and bytes a second")
     if order_here is None:
         return _unfinished("order_here")
     if not isinstance(order_here, (list, tuple)) or sorted(order_here) != sorted(_KINDS):
@@ -176,10 +229,14 @@ def check_layouts_here(messages_here, order_here, rows: list[dict]) -> bool:
                                f"{order_here!r}")
     measured = [_kind(row) for row in sorted(rows, key=lambda row: row["measured_ms"])]
     if list(order_here) != measured:
-        return _verdict(False, f"your counts are right, but {list(order_here)} is not the order the runs measured: "
+        return _verdict(False, f"your counts and milliseconds are right, but {list(order_here)} is not the order the "
+                               "runs measured: "
                                "weigh each layout's messages (about a millisecond each here, nothing overlapped) and "
                                "the pipeline's bubble against its compute")
     return _verdict(True, f"{' < '.join(measured)}, as measured ("
                           + ", ".join(f"{kind} {by_kind[kind]['measured_ms']:.3g} ms" for kind in measured)
                           + f"): {', '.join(f'{kind} waits on {_messages(by_kind[kind])}' for kind in measured)} "
-                          "messages a step")
+                          "messages a step; your communication "
+                          + ", ".join(f"{kind} {found[kind]:.3g} ms" for kind in measured)
+                          + " against the chooser's "
+                          + ", ".join(f"{kind} {by_kind[kind][kind + '_ms']:.3g}" for kind in measured))
