@@ -20,9 +20,9 @@ set -eo pipefail
 cd "${PBS_O_WORKDIR:-.}"
 
 # Polaris: the conda module has PyTorch built for CUDA, and NCCL.
-# NCCL's aws-ofi-nccl plugin is not in the module but in /soft/libraries/aws-ofi-nccl:
-# scaledl launch adds that folder to LD_LIBRARY_PATH when no folder there holds the plugin
-# (ALCF's NCCL page).
+# ALCF's NCCL page loads NCCL's aws-ofi-nccl plugin, outside the module, from
+# /soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib: scaledl launch puts that folder and hwloc's
+# first on LD_LIBRARY_PATH when no folder there holds the plugin.
 if command -v module >/dev/null 2>&1; then
     module use /soft/modulefiles
     module load conda

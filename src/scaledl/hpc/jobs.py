@@ -130,9 +130,9 @@ def _directives(job: Job, project: str, slurm_gpus_per_node: int, partition: str
 
 SETUP = {
     "polaris": ("# Polaris: the conda module has PyTorch built for CUDA, and NCCL.\n"
-                "# NCCL's aws-ofi-nccl plugin is not in the module but in /soft/libraries/aws-ofi-nccl:\n"
-                "# scaledl launch adds that folder to LD_LIBRARY_PATH when no folder there holds the plugin\n"
-                "# (ALCF's NCCL page).\n"
+                "# ALCF's NCCL page loads NCCL's aws-ofi-nccl plugin, outside the module, from\n"
+                "# /soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib: scaledl launch puts that folder and hwloc's\n"
+                "# first on LD_LIBRARY_PATH when no folder there holds the plugin.\n"
                 "if command -v module >/dev/null 2>&1; then\n"
                 "    module use /soft/modulefiles\n"
                 "    module load conda\n"

@@ -3,8 +3,9 @@
 `AllReduceTimer` is a `TorchDispatchMode`: while it is active it sees every operation on plain tensors.  DTensor
 turns an operation on its tensors into plain operations and functional collectives (`_c10d_functional.*`, the
 operations `torch.distributed.tensor.debug.CommDebugMode` counts), so the timer returns `NotImplemented` for
-DTensors and times only what they become.  On a GPU, NCCL runs the collectives asynchronously and the timer sees
-only their launch and the wait for their result.
+DTensors and times only what they become.  On a GPU, NCCL runs the collectives on a stream of their own and the
+wait only makes the compute stream wait for them (torch's `wait_tensor`), so the timer sees the host's launch cost,
+not the collectives' time: time them with CUDA events or torch.profiler there.
 """
 from __future__ import annotations
 
