@@ -54,6 +54,11 @@ def check_training_memory(memory, num_params: int) -> bool:
                           "a parameter, as many as in fp32")
 
 
+def _training_days(num_params: float, num_tokens: float, peak_flops: float, utilization: float, num_gpus: int) -> float:
+    """6 x parameters x tokens FLOPs over what `num_gpus` GPUs sustain a second, in days."""
+    return 6 * num_params * num_tokens / (peak_flops * utilization * num_gpus) / 86400
+
+
 def check_training_days(days, num_params: float, num_tokens: float, peak_flops: float, utilization: float,
                         num_gpus: int) -> bool:
     """The days that `num_gpus` GPUs take to train: 6 x parameters x tokens FLOPs (2 forward + 4
@@ -64,7 +69,7 @@ def check_training_days(days, num_params: float, num_tokens: float, peak_flops: 
         got = float(days)
     except (TypeError, ValueError):
         return _verdict(False, f"`days` is {days!r}: give a number of days")
-    want = 6 * num_params * num_tokens / (peak_flops * utilization * num_gpus) / 86400
+    want = _training_days(num_params, num_tokens, peak_flops, utilization, num_gpus)
     if math.isclose(got, want, rel_tol=1e-3):
         return _verdict(True, f"{want:,.1f} days on {num_gpus} GPUs")
     for factor, message in ((num_gpus, "that is GPU-days, the time on one GPU: share the work over the GPUs"),
@@ -91,7 +96,7 @@ def check_training_nodes(nodes, num_params: float, num_tokens: float, peak_flops
         got = float(nodes)
     except (TypeError, ValueError):
         return _verdict(False, f"`nodes` is {nodes!r}: give a number of nodes")
-    node_days = 6 * num_params * num_tokens / (peak_flops * utilization * gpus_per_node) / 86400
+    node_days = _training_days(num_params, num_tokens, peak_flops, utilization, gpus_per_node)  # on one node
     exact = node_days / target_days
     want = math.ceil(exact - 1e-9)
     if got == want:

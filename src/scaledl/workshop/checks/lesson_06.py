@@ -25,16 +25,23 @@ def check_in_sync(fingerprints_by_rank: list, framework: str = "ddp") -> bool:
     return _verdict(False, f"rank {differing[0]} holds different parameters than rank 0: {_IN_SYNC_FIXES[framework]}")
 
 
+def _every_rank_ran(by_rank: list | None, what: str) -> bool:
+    """Whether `what` left a value on every rank, of 2 or more; if not, the FAIL line that says so."""
+    if by_rank is None or any(value is None for value in by_rank):
+        return _verdict(False, f"{what} did not run on every rank: run it, then this check")
+    if len(by_rank) < 2:  # one rank agrees with itself whatever DDP does
+        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
+    return True
+
+
 def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list) -> bool:
     """Exercise 1b: the weights' fingerprints the ranks print right after `DDP(model)`, predicted from the ones
     they printed before.  DDP's constructor broadcasts rank 0's parameters (and buffers), so every rank then
     holds rank 0's: `[before_by_rank[0]] * world_size`."""
     if predicted is None:
         return _unfinished("after_wrap")
-    if wrapped_by_rank is None or any(f is None for f in wrapped_by_rank):
-        return _verdict(False, "the wrap cell did not run on every rank: run it, then this check")
-    if len(wrapped_by_rank) < 2:  # one rank agrees with itself whatever DDP does
-        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
+    if not _every_rank_ran(wrapped_by_rank, "the wrap cell"):
+        return False
     if isinstance(predicted, str) or not hasattr(predicted, "__len__"):
         return _verdict(False, f"`after_wrap` is {predicted!r}: give a list, one fingerprint a rank, in rank order")
     predicted = [str(f)[:12] for f in predicted]
@@ -65,10 +72,8 @@ def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02
 
     if predicted is None:
         return _unfinished("weight_gap")
-    if measured_by_rank is None or any(m is None for m in measured_by_rank):
-        return _verdict(False, "the uneven step did not run on every rank: run it, then this check")
-    if len(measured_by_rank) < 2:  # one rank agrees with itself whatever DDP does
-        return _verdict(False, "one rank has nobody to agree with: start 2 or more (WORLD_SIZE = 2)")
+    if not _every_rank_ran(measured_by_rank, "the uneven step"):
+        return False
     if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
         return _verdict(False, f"`weight_gap` is {predicted!r}: give one number, k in k x lr x g")
     if len({m["grads"] for m in measured_by_rank}) != 1:
