@@ -55,16 +55,21 @@ def test_the_model_parallel_recipes_keep_tensor_parallelism_inside_a_node():
     two_d = recipes.polaris("fsdp_tp", full=True).splitlines()
     assert "#PBS -l select=2:system=polaris" in two_d  # FSDP2 across the two nodes
     assert two_d[-1] == dry_run(8, 4, "scaledl.ladder.fsdp_tp", "--tp", "4")[-1]  # tp = a node's 4 GPUs
-    assert recipes.polaris("tensor_parallel").splitlines()[-1].startswith("mpiexec -n 4 --ppn 4 ")
-    assert recipes.polaris("pipeline").splitlines()[-1].startswith("mpiexec -n 2 --ppn 2 ")  # its 2 stages
+    assert recipes.polaris("tensor_parallel", full=True).splitlines()[-1].startswith("mpiexec -n 4 --ppn 4 ")
+    assert recipes.polaris("pipeline", full=True).splitlines()[-1].startswith("mpiexec -n 2 --ppn 2 ")  # 2 stages
 
 
 @pytest.mark.parametrize("system, rung", [("polaris", "ddp"), ("polaris", "horovod_tf"), ("aurora", "horovod_tf"),
                                           ("aurora", "zero3")])
 def test_the_short_form_is_the_full_recipes_job_launch_and_nodes(system, rung):
-    full = recipes.recipe(rung, live_ranks=4, system=system).splitlines()
-    short = recipes.recipe(rung, live_ranks=4, system=system, full=False).splitlines()
-    assert short[-1] == full[-1]  # the same launch line
+    full = recipes.recipe(rung, "--epochs", "1", live_ranks=4, system=system).splitlines()
+    short = recipes.recipe(rung, "--epochs", "1", live_ranks=4, system=system, full=False).splitlines()
+    # The short form ends with the script's `scaledl launch` line, which runs the full recipe's mpiexec line.
+    launch = shlex.split(short[-1])
+    assert launch[:3] == ["scaledl", "launch", "--system"] and "--dry-run" not in launch
+    assert dry_run(int(launch[launch.index("-n") + 1]), int(launch[launch.index("--ppn") + 1]),
+                   *launch[launch.index("--") + 1:], system=system)[-1] == full[-1]
+    assert "CUDA_VISIBLE_DEVICES" not in "\n".join(short)  # the GPU wrapper: lesson 0's pages only
     assert short[1] == full[1] and short[1].startswith("qsub -I ")  # the same interactive job
     assert [line for line in short if line.startswith("#PBS -l select=")] == \
         [line for line in full if line.startswith("#PBS -l select=")]

@@ -6,6 +6,7 @@ lesson's recipe is the job script's and cannot drift from it.
     from scaledl.workshop import recipes
     print(recipes.polaris("ddp", full=True))      # the batch job of the DDP rung on 2 nodes, as lesson 0 reads it
     print(recipes.polaris("ddp", live_ranks=4))   # the short form a later lesson prints, with its live ranks
+                                                  # and the script's `scaledl launch` line
     print(recipes.aurora("ddp"))                  # the same job on Aurora: 12 ranks a node, one per tile
 """
 from __future__ import annotations
@@ -65,10 +66,9 @@ def launch_lines(nranks: int, ppn: int, target: list[str], system: str = SYSTEM)
 
 def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> str:
     """What a lesson after lesson 0 prints: the interactive job for its live ranks, the job script
-    to submit, its node request, its modules where they are not lesson 0's, and its launch line.
+    to submit, its node request, its modules where they are not lesson 0's, and its `scaledl launch` line.
     Lesson 0 reads a whole script line by line (`full=True`)."""
     the_job = job(rung, system)
-    nranks = the_job.nodes * the_job.ppn
     submit = "qsub" if system in ("polaris", "aurora") else "sbatch"
     lines = []
     if live_ranks:
@@ -80,9 +80,19 @@ def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> 
     lines += [f"# The rung's job: {submit} jobs/{system}/{the_job.name}.sh{walk}. It asks for", select]
     if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
         lines += ["# and loads", module_lines(rung, system)[-1], venv_line(rung, system)]
-    lines += [f"# and, with {'ALCF' if system != 'slurm' else 'the site'}'s communication variables (`scaledl launch "
-              "--dry-run` lists them), runs:", launch_lines(nranks, the_job.ppn, [*the_job.target, *flags], system)[-1]]
+    # The script's own launch line, not the mpiexec line it becomes: lesson 0's batch-jobs page reads that
+    # one once (its GPU wrapper is the answer to an exercise of lesson 0's appendix).
+    lines += [f"# and runs (`--dry-run` prints the mpiexec line and {'ALCF' if system != 'slurm' else 'the site'}'s "
+              "communication variables; lesson 0's batch-jobs page reads them):",
+              launch_command(rung, *flags, system=system)]
     return "\n".join(lines)
+
+
+def launch_command(rung: str, *flags: str, system: str = SYSTEM) -> str:
+    """The job script's `scaledl launch` line for the rung's whole job, without its --out-dir and --resume."""
+    the_job = job(rung, system)
+    return shlex.join(["scaledl", "launch", "--system", system, "-n", str(the_job.nodes * the_job.ppn),
+                       "--ppn", str(the_job.ppn), "--", *the_job.target, *flags])
 
 
 def _own_modules(rung: str, system: str) -> bool:
