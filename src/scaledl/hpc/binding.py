@@ -181,7 +181,11 @@ def _visible_gpu(kind: str, index: int, env: Mapping[str, str], addresses: list[
     if kind == "cuda":
         mask = env.get("CUDA_VISIBLE_DEVICES")
         physical = [int(x) for x in mask.split(",") if x.strip()] if mask is not None else list(range(len(addresses)))
-        if not physical or index >= len(physical) or physical[index] >= len(addresses):
+        # CUDA stops at the first index the node does not have: "-1" (or 4 on a node of 4 GPUs) hides every GPU
+        # from there on (CUDA Programming Guide, CUDA Environment Variables).
+        valid = next((i for i, gpu in enumerate(physical) if not 0 <= gpu < len(addresses)), len(physical))
+        physical = physical[:valid]
+        if not physical or index >= len(physical):
             return None, f"CUDA_VISIBLE_DEVICES={mask!r} leaves no device {index}"
         return addresses[physical[index]], ""
     tiles = tiles_per_gpu
@@ -250,7 +254,12 @@ def plan(command: Sequence[str], env: Mapping[str, str], kind: str, ranks: int, 
     placements = []
     for local_rank in range(ranks):
         cpus = pals_cpus(cpu_bind, depth, local_rank, available)
-        rank_env = wrapper_env(command, local_rank, env)
+        try:
+            rank_env = wrapper_env(command, local_rank, env)
+        except subprocess.CalledProcessError as error:  # bash refused the wrapper: the rank never starts
+            lines = error.stderr.strip().splitlines() or [f"exit status {error.returncode}"]
+            placements.append(place(local_rank, cpus, None, root, f"its wrapper failed: {lines[-1]}"))
+            continue
         seen = visible_count(kind, rank_env, root)
         gpu, why = visible_gpu(kind, local_rank % seen if seen else 0, rank_env, root)
         placements.append(place(local_rank, cpus, gpu, root, why))

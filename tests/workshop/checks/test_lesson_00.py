@@ -1,90 +1,14 @@
-"""Lesson 0's checks (a binding launch, its verdicts and the prediction): each passes the solution, FAILs on what
+"""Lesson 0's checks (a binding launch and its verdicts): each passes the solution, FAILs on what
 an untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one
 line."""
 
 import re
-
-import numpy as np
 
 from conftest import DATA, fails, verdict
 from scaledl.workshop import checks
 
 
 # ---------------------------------------------------------------- lesson 0
-
-def polaris_launch(wrapper: bool):
-    """Where the 4 ranks of a `--depth 8 --cpu-bind depth` launch land on the recorded Polaris
-    tree, with ALCF's `CUDA_VISIBLE_DEVICES = 3 - local_rank` wrapper or with every GPU visible."""
-
-    from scaledl.hpc import binding
-
-    root = DATA / "sysfs" / "polaris"
-    command = ["mpiexec", "-n", "4", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "python", "train.py"]
-    if wrapper:
-        command[-2:-2] = ["bash", "-c", 'export CUDA_VISIBLE_DEVICES=$((3 - PALS_LOCAL_RANKID)); exec "$@"', "bind"]
-    gpu_nodes = binding.gpu_numa_nodes(root, "cuda")
-    return binding.plan(command, {}, "cuda", 4, root), gpu_nodes
-
-
-def test_binding_prediction_check(capsys):
-    placements, gpu_nodes = polaris_launch(wrapper=True)
-    right = {0: (3, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}
-    assert checks.check_binding_prediction(right, placements, gpu_nodes)
-    assert "0->GPU 3" in verdict(capsys)
-    # Unusual but right: GPUs by PCI address, lists instead of tuples, numpy integers.
-    unusual = {int(r): [address.upper(), np.int64(node)] for r, (address, node) in
-               enumerate(sorted(gpu_nodes.items(), key=lambda item: item[1]))}  # rank r: the GPU on NUMA node r
-    assert checks.check_binding_prediction(unusual, placements, gpu_nodes)
-    verdict(capsys)
-    # The mapping is graded whole: every wrong mapping FAILs with the same line, however near, so retrying
-    # values until the check passes learns nothing; no failure names the right GPU or NUMA node of any rank.
-    def no_answer(line):
-        for rank, (right_gpu, right_node) in right.items():
-            assert f"{rank}->GPU" not in line and f"GPU {right_gpu}" not in line, line
-            assert f"NUMA node {right_node}" not in line, line
-
-    table = {gpu: node for gpu, node in enumerate(gpu_nodes.values())}  # GPU g: its NUMA node, as printed
-    consistent = {gpus: {r: (g, table[g]) for r, g in enumerate(gpus)}
-                  for gpus in [(3, 2, 0, 1), (3, 0, 1, 2), (1, 1, 1, 1), (2, 3, 0, 1)]}
-    near = fails(capsys, checks.check_binding_prediction(consistent[(3, 2, 0, 1)], placements, gpu_nodes),
-                 "not the GPUs this launch gives", "NUMA node of its cores")  # 2 of 4 right
-    for gpus, prediction in consistent.items():
-        line = fails(capsys, checks.check_binding_prediction(prediction, placements, gpu_nodes))
-        assert line == near, (gpus, line)  # 1, 2 or no GPU right: the same words
-        no_answer(line)
-        assert "CUDA_VISIBLE_DEVICES" not in line, line
-    # The guess most people make first, rank r on GPU r (NUMA node r, or the table's): the misreading it is gets a
-    # line of its own, a named idea, not an entry.
-    for guess in ({r: (r, r) for r in range(4)}, {r: (r, table[r]) for r in range(4)}):
-        line = fails(capsys, checks.check_binding_prediction(guess, placements, gpu_nodes), "cuda:<local_rank>",
-                     "NUMA node of its cores in the table")
-        no_answer(line)
-        # The learner answers from the table before the wrapper is printed: no failure gives its formula away.
-        assert "CUDA_VISIBLE_DEVICES" not in line and "3 -" not in line, line
-    # A NUMA node that is not the table's for the GPU named: the ranks are named (the table is printed anyway).
-    line = fails(capsys, checks.check_binding_prediction({0: (2, 0), 1: (2, 1), 2: (1, 2), 3: (0, 3)}, placements,
-                                                         gpu_nodes), "local rank 0: the NUMA node", "that GPU's row")
-    no_answer(line)
-    # The right GPUs, each given the NUMA node of its number: named as a misread table, not as right GPUs.
-    line = fails(capsys, checks.check_binding_prediction({r: (3 - r, 3 - r) for r in range(4)}, placements,
-                                                         gpu_nodes), "local ranks 0, 1, 2, 3: the NUMA node", "row")
-    assert "right" not in line
-    no_answer(line)
-    # Off by one: 4 - r names a GPU the node does not have.
-    fails(capsys, checks.check_binding_prediction({r: (4 - r, r) for r in range(4)}, placements, gpu_nodes),
-          "names GPU 4", "GPUs 0-3")
-    fails(capsys, checks.check_binding_prediction({r: "3" for r in range(4)}, placements, gpu_nodes),
-          "write (GPU number, NUMA node)")
-    # A launch with every GPU visible (cuda:<local_rank>) fails even with a prediction that matches it.
-    identity, _ = polaris_launch(wrapper=False)
-    assert [p.verdict for p in identity] == ["far"] * 4
-    fails(capsys, checks.check_binding_prediction({r: (r, 3 - r) for r in range(4)}, identity, gpu_nodes),
-          "local rank 0 on NUMA node 0 with a GPU on NUMA node 3 (far)")
-    fails(capsys, checks.check_binding_prediction({0: (3, 0)}, placements, gpu_nodes), "every local rank 0-3")
-    fails(capsys, checks.check_binding_prediction(None, placements, gpu_nodes), "`prediction` is not set")
-
-
-
 
 def polaris_ranks(ranks: int, cpu_bind: str, depth: int = 16):
     """A launch of `ranks` ranks a node with ALCF's wrapper and the learner's --cpu-bind, on the recorded tree."""
@@ -142,3 +66,65 @@ def test_binding_launch_check(capsys):
     fails(capsys, checks.check_binding_launch(polaris_ranks(8, "list:0-7:8-15:16-23:24-31:0-7:8-15:16-23:24-31")),
           "share CPUs")
     fails(capsys, checks.check_binding_launch([]), "`CPU_BIND` is not set")
+
+
+def polaris_eight(gpu_of_rank: str = "3 - r % 4"):
+    """Appendix Exercise 1: 8 ranks a node, `--depth 4 --cpu-bind depth`, the launch's own wrapper with
+    `gpu_of_rank` in place of `3 - r % 4` (bash evaluates it for each rank, as in the appendix)."""
+
+    from scaledl.hpc import binding
+
+    root = DATA / "sysfs" / "polaris"
+    script = ('r=${PALS_LOCAL_RANKID:?not started by PALS mpiexec}; export CUDA_VISIBLE_DEVICES=$((3 - r % 4)); '
+              'exec "$@"')
+    command = ["mpiexec", "-n", "8", "--ppn", "8", "--depth", "4", "--cpu-bind", "depth", "bash", "-c",
+               script.replace("3 - r % 4", gpu_of_rank), "gpu-bind", "python", "train.py"]
+    return binding.plan(command, {}, "cuda", 8, root)
+
+
+def test_eight_rank_verdicts_check(capsys):
+    placements = polaris_eight()
+    right = {0: "local", **{r: "far" for r in range(1, 7)}, 7: "local"}
+    assert checks.check_binding_verdicts(right, placements, name="EIGHT_RANK_VERDICTS")
+    assert "local rank 7: local" in verdict(capsys)
+    assert checks.check_binding_verdicts({str(r): word.upper() for r, word in right.items()}, placements)
+    verdict(capsys)
+    # Graded whole: the first guess (all local), the pattern of 4 ranks repeated, rank r's NUMA node read as r % 4,
+    # split where two ranks share a node, one rank off: one line for all, naming no rank and no verdict.
+    wrong = [{r: "local" for r in range(8)}, {r: "far" for r in range(8)},
+             {r: "local" if r in (0, 4) else "far" for r in range(8)},
+             {r: "local" if r < 4 else "far" for r in range(8)},
+             {r: "split" if r % 2 else "local" for r in range(8)},
+             {**right, 6: "local"}, {**right, 0: "far"}, {**right, 3: "split"}]
+    lines = {fails(capsys, checks.check_binding_verdicts(guess, placements), "not the verdicts of this launch",
+                   "NUMA nodes its cores span") for guess in wrong}
+    assert len(lines) == 1, lines
+    assert not re.search(r"rank \d|\d+-\d+|\b(local|split|far)\b", lines.pop())
+    fails(capsys, checks.check_binding_verdicts({r: "far" for r in range(7)}, placements, name="EIGHT_RANK_VERDICTS"),
+          "7 missing")
+    fails(capsys, checks.check_binding_verdicts(None, placements, name="EIGHT_RANK_VERDICTS"),
+          "`EIGHT_RANK_VERDICTS` is not set")
+    fails(capsys, checks.check_binding_verdicts(list(right.values()), placements, name="EIGHT_RANK_VERDICTS"),
+          "`EIGHT_RANK_VERDICTS` is a dict")
+
+
+def test_eight_rank_wrapper_check(capsys):
+    def check(expression):
+        return checks.check_binding_launch(polaris_eight(expression), min_cpus=4, name="GPU_OF_RANK", fix="gpu")
+
+    # Right: each pair of ranks on a NUMA node drives the GPU there; bash evaluates the expression.
+    for expression in ("3 - r / 2", "(7 - r) / 2", "3-r/2", "3 - (r >> 1)"):
+        assert check(expression), expression
+        assert "rank 7: CPUs 28-31, GPU on NUMA 3" in verdict(capsys)
+    # Wrong, each with the reason it names: the 4-rank wrapper unchanged, the reversal forgotten, r % 4 halved.
+    for expression in ("3 - r % 4", "r / 2", "3 - r % 4 / 2", "r % 4"):
+        line = fails(capsys, check(expression), "(far)", "make the wrapper give it the GPU that the table puts on")
+        assert "CPUs of NUMA node" not in line and "/ 2" not in line, line
+    # 3 - r: from rank 4 on, negative numbers, and CUDA shows the rank no GPU at all.
+    fails(capsys, check("3 - r"), "local rank 4 has no GPU", "CUDA_VISIBLE_DEVICES='-1' leaves no device 0",
+          "one of the node's GPUs, 0-3")
+    # Not bash: the wrapper fails, and the check says so rather than "not set".
+    fails(capsys, check("3 - r // 2"), "has no GPU", "its wrapper failed", "syntax error")
+    # The CPU-side message is unchanged for --cpu-bind exercises; min_cpus counts what each rank has.
+    fails(capsys, checks.check_binding_launch(polaris_eight("3 - r / 2")), "4 CPUs", "at least 8 of its NUMA")
+    fails(capsys, checks.check_binding_launch([], name="GPU_OF_RANK"), "`GPU_OF_RANK` is not set")

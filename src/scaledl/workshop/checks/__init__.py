@@ -8,7 +8,7 @@ NotImplementedError).  `common` holds the verdict line and the reading of a name
 May import: the helpers (scaledl.*), scaledl.hpc, scaledl.perf and the rest of scaledl.workshop.
 """
 from scaledl.workshop.checks.common import from_ranks, gather
-from scaledl.workshop.checks.lesson_00 import check_binding_launch, check_binding_prediction, check_binding_verdicts
+from scaledl.workshop.checks.lesson_00 import check_binding_launch, check_binding_verdicts
 from scaledl.workshop.checks.lesson_01 import (check_parallelism_choice, check_training_days, check_training_memory,
                                               check_training_nodes)
 from scaledl.workshop.checks.lesson_02 import (SimulatedDevice, check_samples_per_s, check_step_prediction,
@@ -36,7 +36,7 @@ __all__ = [
     "check_allreduce_count", "check_crossing_groups",
     "batch_triple_answer", "check_accumulation", "check_batch_triple", "check_activation_prediction",
     "check_all_reduce", "check_binding_launch", "check_memory_per_rank", "check_flops_per_token", "check_recompute",
-    "check_bf16_state", "check_selective_values", "check_binding_prediction", "check_binding_verdicts", "check_bubble",
+    "check_bf16_state", "check_selective_values", "check_binding_verdicts", "check_bubble",
     "check_bucket_record", "check_ddp_buckets", "check_deepspeed_config", "check_efficiency", "check_engine_bytes",
     "check_layouts_here", "check_fsdp_collectives", "check_fusion", "check_horovod_sync", "check_in_sync",
     "check_interleaved_bubble", "check_layout", "check_parallelism_choice", "check_peak_in_flight",
