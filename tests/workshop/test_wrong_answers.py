@@ -1,4 +1,4 @@
-"""The live checks of lessons 3-5, 8 and 11-13 FAIL on the wrong answers learners write, run for real: each
+"""The live checks of lessons 3-6, 8 and 11-14 FAIL on the wrong answers learners write, run for real: each
 case takes the solution notebook, puts one realistic mistake in place of the solution line,
 runs it on live ranks cell by cell until a check prints the verdict it expects (or up to the last check),
 and reads the verdict."""
@@ -57,6 +57,10 @@ CASES = {
                                  "optimizer\n",
                                  "optimizer.load_state_dict(resumed)\noptimizer = hvd.DistributedOptimizer(optimizer, "
                                  "named_parameters=model.named_parameters())\n", "not rank 0's checkpoint"),
+    # Which GPU a rank drives behind CUDA_VISIBLE_DEVICES: the index it uses, not the GPU the mask maps it to.
+    "rank_device_unmapped": ("06_ddp", '    return torch.device("cuda", index), visible[index]',
+                             '    return torch.device("cuda", index), index', "the GPU behind it is not"),
+    "uneven_step_equal_weights": ("06_ddp", "weight_gap = -1.0", "weight_gap = 0.0", "you predicted equal weights"),
     "tp_without_all_reduce": ("12_tensor_parallel", "    tdist.all_reduce(partial)", "    pass",
                               "only its partial sum"),
     "stage2_one_backward": ("08_deepspeed", '"all_reduces": accumulation_steps * len(buckets),',
@@ -66,6 +70,12 @@ CASES = {
     # tests/workshop/checks/test_lesson_11.py feeds the check their results instead.
     "pipeline_sends_activations": ("11_pipelines", "    tdist.send(activations.grad, dst=0)",
                                    "    tdist.send(activations.detach(), dst=0)", "not `activations`"),
+    # The capstone: tensor parallelism across nodes.
+    "layout_tp_across_nodes": ("14_layouts",
+                               'layout = {"dp": 8, "tp": 1, "pp": 2, "zero": 0, "recompute": "none", '
+                               '"micro_batch_size": 1}',
+                               'layout = {"dp": 2, "tp": 8, "pp": 1, "zero": 1, "recompute": "none", '
+                               '"micro_batch_size": 1}', "stays inside a node"),
     # Ring attention's subtle one: the running sums never rescaled when a block raises the maximum (the other
     # mistakes, tests/workshop/checks/test_lesson_13.py, from a ring run in one process).
     "ring_unscaled": ("13_sequences", "rescale = torch.exp(top - new_top)", "rescale = 1.0", "not rescaled"),
