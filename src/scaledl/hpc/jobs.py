@@ -157,8 +157,9 @@ POLARIS_HOROVOD = ("# Horovod: not in the conda module since conda/2025-09-25; `
                    "# builds it into .venv.\n")
 # Aurora's TensorFlow rungs: the tensorflow module, with the MPICH that ALCF's TensorFlow page loads beside
 # it (docs.alcf.anl.gov/aurora/data-science/frameworks/tensorflow: `module load tensorflow` then
-# `module load mpich/opt/develop-git.6037a7a` explicitly: ALCF's system updates made it the default on 2025-10-07,
-# and a later programming environment lists another MPICH).
+# `module load mpich/opt/develop-git.6037a7a` explicitly: ALCF's system updates rolled the default back to it in
+# the next-eval queue on 2025-10-07, an image that reached most Aurora nodes on 2025-10-13, and a later
+# programming environment lists another MPICH).
 # The module gets a venv of its own, .venv-tf.
 AURORA_TF_MODULES = "tensorflow mpich/opt/develop-git.6037a7a"
 AURORA_TF = (
