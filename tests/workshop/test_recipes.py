@@ -118,3 +118,30 @@ def test_the_polaris_node_figure_shows_the_recipes_binding():
     texts = [text.get_text() for text in fig.axes[0].texts]
     labels = sorted(text for text in texts if text.startswith("rank ") and ": CPUs" in text)  # not "rank 0's" GPU
     assert labels == ["rank 0: CPUs 0-7", "rank 1: CPUs 8-15", "rank 2: CPUs 16-23", "rank 3: CPUs 24-31"]
+
+
+@pytest.mark.parametrize("system", ["polaris", "aurora"])
+def test_the_presets_table_is_what_scaledl_launch_dry_run_exports(system):
+    import re
+
+    ppn = 4 if system == "polaris" else 12
+    result = subprocess.run([launchers.tool("scaledl"), "launch", "--dry-run", "--system", system, "-n", str(2 * ppn),
+                             "--ppn", str(ppn), "--", "scaledl.ladder.ddp"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin"}, check=True)
+    exports = [line.removeprefix("export ").split("  # ", 1) for line in result.stdout.splitlines()
+               if line.startswith("export ")]
+    presets, sources = recipes.presets_table(system).split("\n\nSources:\n")
+    lines, sources = presets.splitlines(), sources.splitlines()
+    assert lines[0::2] == [variable for variable, _ in exports]  # every export, in the printed order
+    assert sources == [f"[{n}] {source.split('] ', 1)[1]}" for n, source in enumerate(sources, 1)]
+    assert len({source.split("] ", 1)[1] for source in sources}) == len(sources)  # each source listed once
+    cited = set()
+    for (_, note), line in zip(exports, lines[1::2]):
+        reason, numbers = re.fullmatch(r" {4}(.+) \[(\d+(?:, \d+)*)\]", line).groups()
+        assert note.startswith(reason)  # the printed reason, its library's page moved to the sources
+        for number in map(int, numbers.split(", ")):
+            assert sources[number - 1].split("] ", 1)[1] in note
+            cited.add(number)
+    assert cited == set(range(1, len(sources) + 1))
+    if system == "polaris":
+        assert lines[2] == "NCCL_NET='AWS Libfabric'" and "[2] ALCF user guide, Polaris" in sources[1]

@@ -171,3 +171,28 @@ def polaris_node_figure(ranks_per_node: int = 4):
     gpu_nodes = binding.gpu_numa_nodes(root, "cuda")
     return plots.node_binding({"a Polaris node under the recipe's mpiexec line": placements},
                               binding.numa_nodes(root), gpu_nodes)
+
+
+def presets_table(system: str = SYSTEM) -> str:
+    """The system's communication presets, as `scaledl launch --system SYSTEM --dry-run` exports them for a
+    job of 2 nodes: each variable with its reason, and after them the sources the reasons cite, each
+    numbered once, in the order the presets first cite it.  A reason that ends with the page of the
+    library that reads the variable, "(NCCL's ...)" or "(libfabric's ...)", cites that page beside the
+    page its value comes from."""
+    import re
+
+    ppn = SYSTEMS[system].ranks_per_node
+    plan = build_plan(2 * ppn, Target("scaledl.ladder.ddp", ()), ppn=ppn, system=system, env={}, python=PYTHON,
+                      dry_run=True)
+    presets = {preset.name: preset for preset in plan.presets}
+    lines, sources = [], []
+    for name in (name for name in plan.env if name in presets):
+        reason, cited = presets[name].why, [presets[name].docs]
+        library = re.search(r" \(((?:NCCL|libfabric)'s (?:[^()]|\(\d\))*)\)$", reason)  # the reading library's page
+        if library:
+            reason = reason[:library.start()]
+            cited.append(re.sub(r", [A-Z_]+$", "", library.group(1)))  # the page, without the variable's name
+        sources += [source for source in cited if source not in sources]
+        numbers = sorted(sources.index(source) + 1 for source in cited)
+        lines += [export_line(plan, name).removeprefix("export "), f"    {reason} [{', '.join(map(str, numbers))}]"]
+    return "\n".join([*lines, "", "Sources:", *(f"[{n}] {source}" for n, source in enumerate(sources, 1))])

@@ -31,14 +31,16 @@ def test_binding_verdicts_check(capsys):
     assert checks.check_binding_verdicts({"0": " Split", "1": "FAR"}, depth_16)
     verdict(capsys)
     # The verdicts are graded together: every wrong pair (the first guess, depth binding keeps each rank by its GPU;
-    # the two swapped; one of the two right) FAILs with the same line, which names no rank and no rank's answer.
-    wrong = [{0: "local", 1: "local"}, {0: "far", 1: "split"}, {0: "split", 1: "split"}, {0: "far", 1: "far"},
-             {0: "local", 1: "far"}, {0: "split", 1: "local"}]
-    lines = {fails(capsys, checks.check_binding_verdicts(pair, depth_16), "not the verdicts of this launch",
-                   "NUMA nodes its cores span") for pair in wrong}
-    assert len(lines) == 1, lines
-    line = lines.pop()
-    assert not re.search(r"rank \d|\b(split|far)\b", line), line
+    # the two swapped; one of the two right) FAILs with how many are wrong, naming no rank and no rank's answer.
+    wrong = {2: [{0: "local", 1: "local"}, {0: "far", 1: "split"}], 1: [{0: "split", 1: "split"}, {0: "far", 1: "far"},
+             {0: "local", 1: "far"}, {0: "split", 1: "local"}]}
+    for count, pairs in wrong.items():
+        lines = {fails(capsys, checks.check_binding_verdicts(pair, depth_16), "not the verdicts of this launch",
+                       f"{count} of the 2 {'is' if count == 1 else 'are'} wrong", "does not say which",
+                       "NUMA nodes its cores span") for pair in pairs}
+        assert len(lines) == 1, lines  # the same line for every set with as many wrong
+        line = lines.pop()
+        assert not re.search(r"rank \d|\b(split|far)\b", line), line
     fails(capsys, checks.check_binding_verdicts({0: "split"}, depth_16), "1 missing")
     fails(capsys, checks.check_binding_verdicts({0: "half", 1: "far"}, depth_16), "'half' is not a verdict")
     fails(capsys, checks.check_binding_verdicts(["split", "far"], depth_16), "is a dict")
@@ -90,16 +92,20 @@ def test_eight_rank_verdicts_check(capsys):
     assert checks.check_binding_verdicts({str(r): word.upper() for r, word in right.items()}, placements)
     verdict(capsys)
     # Graded whole: the first guess (all local), the pattern of 4 ranks repeated, rank r's NUMA node read as r % 4,
-    # split where two ranks share a node, one rank off: one line for all, naming no rank and no verdict.
-    wrong = [{r: "local" for r in range(8)}, {r: "far" for r in range(8)},
-             {r: "local" if r in (0, 4) else "far" for r in range(8)},
-             {r: "local" if r < 4 else "far" for r in range(8)},
-             {r: "split" if r % 2 else "local" for r in range(8)},
-             {**right, 6: "local"}, {**right, 0: "far"}, {**right, 3: "split"}]
-    lines = {fails(capsys, checks.check_binding_verdicts(guess, placements), "not the verdicts of this launch",
-                   "NUMA nodes its cores span") for guess in wrong}
-    assert len(lines) == 1, lines
-    assert not re.search(r"rank \d|\d+-\d+|\b(local|split|far)\b", lines.pop())
+    # split where two ranks share a node, one rank off: each says how many of the 8 are wrong, naming no rank and
+    # no verdict, and sets with as many wrong get the same line.
+    wrong = [({r: "local" for r in range(8)}, 6), ({r: "far" for r in range(8)}, 2),
+             ({r: "local" if r in (0, 4) else "far" for r in range(8)}, 2),
+             ({r: "local" if r < 4 else "far" for r in range(8)}, 4),
+             ({r: "split" if r % 2 else "local" for r in range(8)}, 7),
+             ({**right, 6: "local"}, 1), ({**right, 0: "far"}, 1), ({**right, 3: "split"}, 1)]
+    lines = {}
+    for guess, count in wrong:
+        line = fails(capsys, checks.check_binding_verdicts(guess, placements), "not the verdicts of this launch",
+                     f"{count} of the 8 {'is' if count == 1 else 'are'} wrong", "NUMA nodes its cores span")
+        assert not re.search(r"rank \d|\d+-\d+|\b(local|split|far)\b", line), line
+        lines.setdefault(count, set()).add(line)
+    assert all(len(same) == 1 for same in lines.values()), lines
     fails(capsys, checks.check_binding_verdicts({r: "far" for r in range(7)}, placements, name="EIGHT_RANK_VERDICTS"),
           "7 missing")
     fails(capsys, checks.check_binding_verdicts(None, placements, name="EIGHT_RANK_VERDICTS"),

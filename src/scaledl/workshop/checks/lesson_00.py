@@ -50,10 +50,10 @@ def check_binding_verdicts(verdicts, placements: list, name: str = "VERDICTS") -
     `placements` (`scaledl.hpc.binding.plan`): the learner reads it off the node's table before the
     launch's own printout shows it.  Local ranks as ints or digit strings; the words in any case.
 
-    The verdicts are graded together: every wrong
-    set FAILs with the same words, which name no rank, so that trying words until the check passes
-    learns nothing from its messages.  What a failure may name is the form: a rank left out, or a
-    word that is not a verdict.  `name`: the variable the learner sets."""
+    The verdicts are graded together: a wrong set FAILs with how many of its verdicts are wrong and
+    names no rank, so that a learner knows how far off the set is, but trying words rank by rank
+    until the check passes learns little from its messages.  What a failure may name is the form: a
+    rank left out, or a word that is not a verdict.  `name`: the variable the learner sets."""
     words = ("local", "split", "far")
     if not verdicts:
         return _unfinished(name)
@@ -69,9 +69,11 @@ def check_binding_verdicts(verdicts, placements: list, name: str = "VERDICTS") -
     for word in given.values():
         if word not in words:
             return _verdict(False, f"{word!r} is not a verdict; say 'local', 'split' or 'far'")
-    if any(given[p.local_rank] != p.verdict for p in placements):
-        # One answer for every wrong set, however many of its words are right: it names the reasoning, no rank.
-        return _verdict(False, "not the verdicts of this launch (the check does not say which): for each rank, list "
-                               "the NUMA nodes its cores span (the table above gives each NUMA node's cores), and "
-                               "compare them with its GPU's")
+    wrong = sum(given[p.local_rank] != p.verdict for p in placements)
+    if wrong:
+        # How many are wrong, never which: it names the reasoning, no rank.
+        return _verdict(False, f"not the verdicts of this launch: {wrong} of the {len(placements)} "
+                               f"{'is' if wrong == 1 else 'are'} wrong (the check does not say which). For each "
+                               "rank, list the NUMA nodes its cores span (the table above gives each NUMA node's "
+                               "cores), and compare them with its GPU's")
     return _verdict(True, "; ".join(f"local rank {p.local_rank}: {p.verdict}" for p in placements))
