@@ -68,9 +68,16 @@ def test_layout(capsys):
     line = fails(capsys, check(layout(), learner(dp=1.1)), "the part \"dp\"", "5. dp's communication",
                  "the worked example")
     assert "0.2" not in line and "0.3" not in line, line
-    # Right on the worked example, wrong only on the learner's own layout (ZeRO-0's bucket rule).
+    # Right on the worked example, wrong on the second layout, whose parts the lesson does not print: ZeRO-0's
+    # bucket rule, or pp's sends kept on NVLink when tp x pp spans two nodes.
     only_zero0 = lambda **lay: parts_of(lay, dp=1.5 if lay["zero"] == 0 else 1.0)  # noqa: E731
-    fails(capsys, check(layout(dp=8, pp=2, zero=0), only_zero0), "your layout fits", "5. dp's communication")
+    line = fails(capsys, check(layout(dp=8, pp=2, zero=0), only_zero0), "the second layout", "5. dp's communication")
+    assert "worked example" not in line, line
+    nvlink_only = lambda **lay: parts_of(lay, pp=0.5 if lay["tp"] * lay["pp"] > 4 else 1.0)  # noqa: E731
+    fails(capsys, check(layout(), nvlink_only), "the second layout (dp 2, tp 4, pp 2, ZeRO-0", "4. pp's sends")
+    # Right on both graded layouts, wrong only on the learner's own (ZeRO-1 on a layout without a pipeline).
+    only_mine = lambda **lay: parts_of(lay, dp=1.5 if lay["pp"] == 1 else 1.0)  # noqa: E731
+    fails(capsys, check(layout(), only_mine), "your layout fits", "5. dp's communication")
     # The dp ring's 50 GB/s not shared by min(tp x pp, 4) rings: 2 rings for the worked example.
     fails(capsys, check(layout(), learner(dp=0.5)), "the part \"dp\"")
     # The bubble forgotten, tp's all-reduces at 6 a block, pp's sends on Slingshot.

@@ -60,6 +60,9 @@ def step_parts_of(row: dict) -> dict:
 
 
 EXAMPLE = {"dp": 4, "tp": 2, "pp": 2, "zero": 1, "recompute": "none", "micro_batch_size": 1}  # the table's example
+# A second layout whose parts the lesson never prints, so that part 1 cannot be copied from the worked example: pp's
+# sends on Slingshot (tp x pp = 8 spans two nodes), dp's ring sharing the node's link 4 ways, and DDP's buckets.
+SECOND = {"dp": 2, "tp": 4, "pp": 2, "zero": 0, "recompute": "none", "micro_batch_size": 1}
 
 
 def _parts_wrong(step_parts, layout: dict, want: dict, part_within: float, which: str):
@@ -123,7 +126,8 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
                  global_batch_size: int = 512, within: float = 0.005, part_within: float = 0.02) -> bool:
     """The capstone: `step_parts(dp, tp, pp, zero, recompute, micro_batch_size)`, the learner's predicted step of a
     layout as a dict of PARTS' keys in seconds, must match the chooser's part by part (each within `part_within`,
-    or a millisecond where it is zero) on the table's worked example (EXAMPLE) and on `layout`.  `layout`, a dict
+    or a millisecond where it is zero) on the table's worked example (EXAMPLE), on SECOND (whose parts the
+    lesson does not print) and on `layout`.  `layout`, a dict
     of LAYOUT_KEYS for the language model at `preset`'s size on `nodes` of `system` at `global_batch_size`
     sequences a step, must be one the machine and DeepSpeed allow, fit in a device (scaledl.perf.choose's memory
     per rank) and be predicted within `within` of the fastest layout that fits: the set the model cannot tell
@@ -143,9 +147,11 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
     def chooser(lay: dict) -> dict:
         return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
 
-    wrong = _parts_wrong(step_parts, EXAMPLE, step_parts_of(chooser(EXAMPLE)), part_within, "the worked example")
-    if wrong is not None:
-        return wrong if wrong is False else _verdict(False, wrong)
+    for graded, which in ((EXAMPLE, "the worked example"),
+                          (SECOND, "the second layout (dp 2, tp 4, pp 2, ZeRO-0, micro batch 1)")):
+        wrong = _parts_wrong(step_parts, graded, step_parts_of(chooser(graded)), part_within, which)
+        if wrong is not None:
+            return wrong if wrong is False else _verdict(False, wrong)
     if layout is None:
         return _unfinished("layout")
     if not isinstance(layout, dict) or set(LAYOUT_KEYS) - set(layout):
@@ -177,8 +183,9 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
                                "layouts apart: "
                                + _slower_because(row, best, plain["fits"]))
     return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, every part of its step right (and of the worked "
-                          f"example's), {row['step_s']:.3f} s a step predicted: one of the {len(tied)} layouts within "
-                          f"{within:.1%} of the fastest that fits ({best['step_s']:.3f} s), which the model cannot "
+                          f"example's and the second layout's), {row['step_s']:.3f} s a step predicted: one of the "
+                          f"{len(tied)} layouts within {within:.1%} of the fastest that fits ({best['step_s']:.3f} s), "
+                          "which the model cannot "
                           "tell apart (it leaves out effects of a few percent); a measurement decides between them")
 
 
