@@ -113,6 +113,16 @@ def test_pipeline_bubble_matches_the_formula_for_equal_stages(microbatches):
     drawn(fig)
 
 
+def test_pipeline_schedule_runs_the_backwards_in_torchs_order():
+    """torch's ScheduleGPipe runs micro batch 0's backward first on every stage (`_step_microbatches`)."""
+    fig = plots.pipeline_schedule([0.001, 0.001], [0.002, 0.002], 4)
+    for row in (0, 1):
+        backwards = sorted((t.get_position()[0], t.get_text()) for t in fig.axes[0].texts
+                           if t.get_text().startswith("B") and round(t.get_position()[1]) == row)
+        assert [text for _, text in backwards] == ["B0", "B1", "B2", "B3"]
+    drawn(fig)
+
+
 def test_the_measured_pipeline_timeline_draws_each_event_on_its_rank():
     events = [[3, 0, 0, "F", 0, 10.0, 10.001], [3, 0, 0, "F", 1, 10.001, 10.002], [3, 1, 1, "F", 0, 10.001, 10.002],
               [3, 1, 1, "F", 1, 10.002, 10.003], [3, 1, 1, "B", 1, 10.003, 10.004], [3, 1, 1, "B", 0, 10.004, 10.005],

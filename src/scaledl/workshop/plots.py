@@ -225,7 +225,8 @@ def _bar_labels(ax, labels: list, span: float, fontsize: float) -> None:
 
 def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
     """The GPipe schedule from measured per-stage times (forward and backward of one micro batch
-    on each stage): all forwards, then all backwards; grey is the bubble."""
+    on each stage): all forwards, then all backwards, micro batch 0 first both ways, as torch's
+    `ScheduleGPipe._step_microbatches` runs them; grey is the bubble."""
     stages = len(forward_s)
     fig, ax = _figure(10, 0.9 + 0.6 * stages)
     free = [0.0] * stages  # when each stage is next free
@@ -238,7 +239,7 @@ def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
             ax.barh(s, forward_s[s] * 1e3, left=start * 1e3, color=COLORS["forward"], edgecolor="black")
             labels.append(((start + forward_s[s] / 2) * 1e3, s, forward_s[s] * 1e3, f"F{m}"))
     done_backward = [[0.0] * microbatches for _ in range(stages)]
-    for m in reversed(range(microbatches)):
+    for m in range(microbatches):  # torch's order: micro batch 0's backward first
         for s in reversed(range(stages)):
             ready = done_forward[stages - 1][microbatches - 1] if s == stages - 1 else done_backward[s + 1][m]
             start = max(free[s], ready)

@@ -1,0 +1,50 @@
+"""Lesson 11's plumbing: a stage's forward and backward timed on a live rank, and the pipeline rung run once.
+
+`time_stage` runs one stage's forward and backward on a micro batch several times, with the device synchronized
+around each half (a GPU runs its kernels after Python returns), and keeps the median of each half after the first
+runs (which pay for allocation and warm-up).
+
+`run_rung` launches `scaledl.ladder.pipeline` on local ranks with torchrun, as the rung's own job would on one
+node, and reads back what rank 0 wrote: the summary line's fields (summary.json) and every forward and backward
+each stage ran, with its start and end (pipeline_events.json, `scaledl.pipeline_events`).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from scaledl.hpc import launchers
+
+
+def time_stage(stage, inputs, device, repeats: int = 12, skip: int = 2) -> tuple[float, float]:
+    """(forward, backward) seconds of `stage` on `inputs`: the medians of `repeats` runs, the first `skip` left out."""
+    from scaledl import devices
+
+    forward_s, backward_s = [], []
+    for _ in range(repeats):
+        devices.synchronize(device)
+        start = time.perf_counter()
+        out = stage(inputs)
+        devices.synchronize(device)
+        middle = time.perf_counter()
+        out.sum().backward()
+        devices.synchronize(device)
+        forward_s.append(middle - start)
+        backward_s.append(time.perf_counter() - middle)
+    return statistics.median(forward_s[skip:]), statistics.median(backward_s[skip:])
+
+
+def run_rung(world_size: int, args=(), module: str = "scaledl.ladder.pipeline") -> tuple[str, dict, list]:
+    """Run the pipeline rung on `world_size` local ranks: (its summary line, summary.json, its events)."""
+    out_dir = tempfile.mkdtemp(prefix="pipeline-")
+    command = launchers.torchrun(world_size, module, [*args, "--out-dir", out_dir])
+    result = subprocess.run(command, capture_output=True, text=True, env=launchers.local_env(world_size))
+    if result.returncode != 0:
+        raise RuntimeError(f"the pipeline rung failed:\n{result.stderr[-2000:]}")
+    line = next(line for line in result.stdout.splitlines() if line.startswith("summary"))
+    summary = json.loads(Path(out_dir, "summary.json").read_text())
+    return line, summary, json.loads(Path(out_dir, "pipeline_events.json").read_text())["events"]

@@ -1,0 +1,34 @@
+"""Lesson 10's timed steps: the language model trained for a few steps under one `--recompute` mode.
+
+`seconds_per_step` builds the model from seed 0 with the block's recomputation mode, trains it with SGD and
+momentum on one random micro batch, and returns the mean wall time of a step after a warm-up, with the device
+synchronized before the clock starts and after it stops (a GPU runs its kernels after Python returns).
+"""
+from __future__ import annotations
+
+import time
+
+
+def seconds_per_step(width: int, depth: int, heads: int, seq_len: int, micro_batch_size: int, recompute: str = "none",
+                     steps: int = 20, device=None, warmup: int = 3) -> float:
+    """Mean seconds of one training step (forward, backward, optimizer step) over `steps`, after `warmup`."""
+    import torch
+    import torch.nn.functional as F
+
+    from scaledl import devices, models
+
+    device = torch.device("cpu") if device is None else device
+    torch.manual_seed(0)
+    model = models.gpt(width, depth, heads, seq_len, recompute=recompute).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randint(0, models.VOCAB_SIZE, (micro_batch_size, seq_len), device=device)
+    start = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            devices.synchronize(device)
+            start = time.perf_counter()
+        F.cross_entropy(model(x), x).backward()  # the loss does not matter here, only the work
+        optimizer.step()
+        optimizer.zero_grad()
+    devices.synchronize(device)
+    return (time.perf_counter() - start) / steps
