@@ -81,3 +81,10 @@ def test_the_figure_marks_both_readings():
         for synchronize in (False, True):
             assert any(f"{reading.samples_per_s(64, synchronize):,.0f} samples/s" in label for label in labels)
     assert "the host runs ahead" in fig.axes[0].get_title() and "idles" in fig.axes[1].get_title()
+
+
+def test_the_figure_can_leave_the_readings_out():
+    fig = async_timeline.figure(num_steps=5, batch_size=64, show_readings=False)
+    labels = [text.get_text() for ax in fig.axes for text in ax.get_legend().get_texts()]
+    assert "clock read without synchronize" in labels and "clock read after synchronize" in labels
+    assert not any("samples/s" in label for label in labels)

@@ -15,6 +15,9 @@ What the wrapper does not see: at stage 3 the gradients travel by `reduce_scatte
 all-gathers of the updated parameters after a step (stages 1 and 2) by DeepSpeed's all-gather
 functions; neither is wrapped.  The recording runs on each live rank (a `%%px` cell); the
 lesson's figure and checks read its two lists off the ranks.
+
+`call_timings` and `timing_table` turn timed calls from several ranks into lesson 8's one table:
+each call at its shortest over the ranks, then the fastest, first quartile and median over the calls.
 """
 from __future__ import annotations
 
@@ -73,3 +76,95 @@ def record_windows(engine, device, generator, windows: int = 2, micro_batch_size
     finally:
         comm.all_reduce = all_reduce
     return events, reduced
+
+
+def first_quartile(times: list[float]) -> float:
+    """The first quartile of `times`: a quarter of them are shorter.  On shared cores a call that
+    waited for a core is longer than the call itself, never shorter, so this statistic ignores the
+    stretched calls as long as at least a quarter were not stretched."""
+    import statistics
+
+    return statistics.quantiles(times, n=4)[0]
+
+
+def call_timings(calls_by_name: dict, predicted_ms: float) -> dict:
+    """Lesson 8's timing of the whole gradient's all-reduce, for each named list of per-rank records
+    (`(micro_step, call, bytes, ms)` per all-reduce, as `record_windows` keeps): each call the
+    shortest over the ranks (the rank that joined last waited for no one), then, over the calls,
+    {"calls", "fastest", "first_quartile", "median" (ms), "fast" (calls within twice `predicted_ms`)}."""
+    import statistics
+
+    from scaledl.perf import comm_estimate
+
+    timings = {}
+    for name, reduced_by_rank in calls_by_name.items():
+        shortest = comm_estimate.shortest_per_call(reduced_by_rank)
+        timings[name] = {"calls": len(shortest), "fastest": min(shortest), "first_quartile": first_quartile(shortest),
+                         "median": statistics.median(shortest),
+                         "fast": sum(ms <= 2 * predicted_ms for ms in shortest)}
+    return timings
+
+
+def timing_table(timings: dict, predicted_ms: float) -> str:
+    """`call_timings`' rows as one text table, in ms, with the prediction beside each row."""
+    width = max(len(name) for name in timings)
+    lines = [f"{'':{width}}  calls  predicted  fastest  first quartile  median  within 2x the prediction"]
+    for name, row in timings.items():
+        lines.append(f"{name:{width}}  {row['calls']:5}  {predicted_ms:9.2f}  {row['fastest']:7.2f}  "
+                     f"{row['first_quartile']:14.2f}  {row['median']:6.2f}  {row['fast']:5}")
+    return "\n".join(lines)
+
+
+def probe_all_reduces(model, device, generator, sizes: list[int], calls: int = 15, micro_batch_size: int = 8,
+                      all_reduce=None, whole_all_reduce=None, barrier=None):
+    """Lesson 8's probe: all-reduces timed right after a backward, where the DeepSpeed engine makes its call.
+
+    For each size in `sizes` (floats), one untimed warm-up, then `calls` times: a backward of `model` on
+    a random micro batch from `generator`, then one timed all-reduce of a buffer of that size; a barrier
+    ends each size.  Then `calls` more backwards, each followed by a timed all-reduce of a buffer as
+    large as the whole gradient, through `whole_all_reduce` (default: `deepspeed.comm.all_reduce`, the
+    function the DeepSpeed engine calls).  Every clock reading waits for the device first.
+
+    Returns `(laps, whole)`: `laps[size]` is this rank's `calls` times in seconds; `whole` holds one
+    `(call, "backward", bytes, ms)` per call, as `record_windows` keeps the engine's calls."""
+    import torch
+    import torch.nn.functional as F
+
+    from scaledl import timing
+
+    all_reduce = all_reduce or torch.distributed.all_reduce
+    barrier = barrier or torch.distributed.barrier
+    if whole_all_reduce is None:
+        from deepspeed import comm
+
+        whole_all_reduce = comm.all_reduce
+
+    def timed(buffer, reduce):
+        timing.synchronize(device)  # nothing queued before the clock starts
+        start = time.perf_counter()
+        reduce(buffer)
+        timing.synchronize(device)  # a GPU collective returns before it has finished
+        return time.perf_counter() - start
+
+    def backward():
+        x = torch.randn(micro_batch_size, 1, 28, 28, generator=generator)
+        y = torch.randint(0, 10, (micro_batch_size,), generator=generator)
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+
+    laps = []
+    for n in sizes:
+        buffer = torch.ones(n, device=device)
+        all_reduce(buffer)  # warm-up, not timed
+        after_backward = []
+        for _ in range(calls):
+            backward()
+            after_backward.append(timed(buffer, all_reduce))
+        barrier()
+        laps.append(after_backward)
+    gradient = torch.ones(sum(param.numel() for param in model.parameters()), device=device)
+    whole = []
+    for call in range(calls):
+        backward()
+        whole.append((call, "backward", gradient.numel() * gradient.element_size(),
+                      timed(gradient, whole_all_reduce) * 1e3))
+    return laps, whole

@@ -75,7 +75,7 @@ def check_horovod_sync(fingerprints_by_rank: list, framework: str, errors_by_ran
         return _verdict(False, f"the ranks agree, but their weights differ from one process's steps on the global "
                                f"batch by {worst['average']:.2g}: average the gradients over ranks, nothing more")
     return _verdict(True, f"all {world_size} ranks start from rank 0's weights and optimizer state, stay identical, "
-                          f"and end where one process on the global batch does (within {tolerance:g})")
+                          f"and from there end where one process on the global batch does (within {tolerance:g})")
 
 
 

@@ -107,7 +107,7 @@ def _inferred_verdict(predicted, inferred_by_rank: list, train: int, micro: int,
     if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
         return _verdict(False, f"`predicted_batch` is {predicted!r}: give a number of samples")
     if not inferred_by_rank or any(value is None for value in inferred_by_rank):
-        return _verdict(False, "the engine was not built on every rank: run the exercise cell to the end")
+        return _verdict(False, "the DeepSpeed engine was not built on every rank: run the exercise cell to the end")
     inferred = inferred_by_rank[0]
     if predicted == inferred:
         return _verdict(True, f"DeepSpeed inferred train_batch_size {inferred} = micro batch {micro} x accumulation "
@@ -234,7 +234,8 @@ def _window_verdict(predicted, measured, grad_bytes: int, world_size: int, accum
         elif calls == accumulation_steps:
             hint = "one call per backward is one bucket: count how many buckets this reduce_bucket_size makes"
         elif calls > want_calls:
-            hint = "the engine flattens a bucket's gradients into one buffer: one call per bucket, not per tensor"
+            hint = ("the DeepSpeed engine flattens a bucket's gradients into one buffer: one call per bucket, not per "
+                    "tensor")
         else:
             hint = "count the buckets of one backward, then the backwards in a window that reduce"
         return False, f"{calls} all-reduces, the ranks made {want_calls}: {hint}"
@@ -304,7 +305,7 @@ def _buckets_hint(got: list, want: list, numels: list, bucket: float) -> str:
     if close(got, want[:-1]):
         return "what is left in the bucket at the end of a backward goes out too"
     if close(got, [4 * n for n in numels]):
-        return "the engine copies the gradients into a bucket and all-reduces the bucket: one call per bucket"
+        return "the DeepSpeed engine copies the gradients into a bucket and all-reduces the bucket: one call per bucket"
     if len(got) == len(want) and math.isclose(sum(got), sum(want)):
         return "the same bytes, split elsewhere: fill the bucket gradient by gradient, in backward's order"
     return "fill a bucket gradient by gradient; it goes out when the next gradient would not fit, and at the end"

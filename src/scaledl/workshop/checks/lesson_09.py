@@ -89,15 +89,15 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
                 continue
             full = num_params if key not in parted else shard
             if key in ("params", "grads") and close(got[key], 2 * full):
-                return _verdict(False, f"stage {stage}: {_NAMES[key]} at 2 bytes: this engine trains in fp32, 4 bytes "
-                                       "per parameter (the paper's 2 are fp16)")
+                return _verdict(False, f"stage {stage}: {_NAMES[key]} at 2 bytes: the DeepSpeed engine trains in "
+                                       "fp32, 4 bytes per parameter (the paper's 2 are fp16)")
             if key == "grads" and stage == 1 and close(got[key], 4 * num_params):
                 return _verdict(False, "stage 1: the count is taken after backward, when stage 1 has reduced the "
                                        "gradients and kept only this rank's part: divide them by world_size (during "
                                        "backward it holds them all, the paper's count)")
             if key == "optimizer" and stage == 0 and close(got[key], 8 * num_params):
-                return _verdict(False, "stage 0: the engine steps your own optimizer as it is, momentum only: "
-                                       "DeepSpeed keeps no copy of the weights below stage 1")
+                return _verdict(False, "stage 0: the DeepSpeed engine steps your own optimizer as it is, momentum "
+                                       "only: DeepSpeed keeps no copy of the weights below stage 1")
             if key == "optimizer" and stage >= 1 and close(got[key], 4 * shard):
                 return _verdict(False, f"stage {stage}: momentum alone is not all: from stage 1 on DeepSpeed also "
                                        "keeps an fp32 copy of the weights it updates, even when they are fp32 already")
@@ -105,8 +105,8 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
                 return _verdict(False, f"stage {stage}: the fp32 copy of the weights is of this rank's partition "
                                        "only: each rank updates its own part")
             if key == "optimizer" and close(got[key], 12 * full):
-                return _verdict(False, f"stage {stage}: 12 bytes of optimizer state is Adam's: this engine runs SGD "
-                                       "with momentum")
+                return _verdict(False, f"stage {stage}: 12 bytes of optimizer state is Adam's: the DeepSpeed engine "
+                                       "runs SGD with momentum")
             if key in parted and close(got[key], want[key] * world_size):
                 first = min(s for s in _AFTER_BACKWARD if key in _AFTER_BACKWARD[s])
                 return _verdict(False, f"stage {stage}: after backward the {_NAMES[key]} are partitioned from stage "
@@ -116,9 +116,9 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
                 return _verdict(False, f"stage {stage}: every rank still holds all the {_NAMES[key]}: stage {stage} "
                                        f"partitions only {kept}")
             return _verdict(False, f"stage {stage}: {_NAMES[key]} {got[key]:,.0f} bytes, expected {want[key]:,.0f}")
-    return _verdict(True, "the live engine's four stages after backward, part by part: fp32 weights, gradients and "
-                          "momentum, from stage 1 the fp32 copy of the rank's partition and only its part of the "
-                          "reduced gradients")
+    return _verdict(True, "the live DeepSpeed engine's four stages after backward, part by part: fp32 weights, "
+                          "gradients and momentum, from stage 1 the fp32 copy of the rank's partition and only its "
+                          "part of the reduced gradients")
 
 
 
