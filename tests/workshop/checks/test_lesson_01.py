@@ -84,7 +84,7 @@ def choose_right(num_params, activation_bytes, device_bytes, world_size):
     state = 16 * num_params
     if state + activation_bytes <= device_bytes:
         return "data"
-    return "sharded" if state / world_size + activation_bytes <= device_bytes else "model"
+    return "sharded" if state / world_size + activation_bytes <= device_bytes else "beyond sharding"
 
 
 def choose_with(bytes_per_param=16, activations=True, divide_states=True, divide_activations=False,
@@ -99,7 +99,7 @@ def choose_with(bytes_per_param=16, activations=True, divide_states=True, divide
             return "sharded"
         if state + act <= device_bytes:
             return "data"
-        return "sharded" if sharded <= device_bytes else "model"
+        return "sharded" if sharded <= device_bytes else "beyond sharding"
     return choose
 
 
@@ -111,15 +111,17 @@ def test_parallelism_choice_check(capsys):
           "16 bytes a parameter")
     fails(capsys, checks.check_parallelism_choice(choose_with(activations=False)), "you said data",
           "count every byte")
-    fails(capsys, checks.check_parallelism_choice(choose_with(divide_states=False)), "you said model",
+    fails(capsys, checks.check_parallelism_choice(choose_with(divide_states=False)), "you said beyond sharding",
           "sharded over 8 ranks")
     fails(capsys, checks.check_parallelism_choice(choose_with(divide_activations=True)), "you said sharded",
           "still keeps its own 15 GB of activations: together they are over 40 GB", "sharding alone is not enough")
     fails(capsys, checks.check_parallelism_choice(choose_with(shard_first=True)), "you said sharded",
           "plain data parallelism is enough")
     fails(capsys, checks.check_parallelism_choice(lambda *args: "pipeline"), "return \"data\"")
+    # "model" would say a model split is needed, where recomputing the activations may be enough.
+    fails(capsys, checks.check_parallelism_choice(lambda *args: "model"), "return \"beyond sharding\"")
     # Unusual but right: mixed precision's 2 + 2 + 12 bytes, "ZeRO" for sharded, NumPy numbers.
-    mixed = {"data": "Data", "sharded": "ZeRO", "model": "model "}
+    mixed = {"data": "Data", "sharded": "ZeRO", "beyond sharding": "Beyond Sharding "}
 
     def choose_mixed(num_params, activation_bytes, device_bytes, world_size):
         return mixed[choose_right(np.float64(num_params) * (2 + 2 + 12) / 16, activation_bytes, device_bytes,

@@ -121,7 +121,9 @@ def check_training_nodes(nodes, num_params: float, num_tokens: float, peak_flops
                            f"node sustains in {target_days:g} days, then round up")
 
 
-PARALLELISM_ANSWERS = {"data": "data", "sharded": "sharded", "zero": "sharded", "fsdp": "sharded", "model": "model"}
+BEYOND = "beyond sharding"  # sharding the states is not enough: recompute the activations, or split the model
+PARALLELISM_ANSWERS = {"data": "data", "sharded": "sharded", "zero": "sharded", "fsdp": "sharded", BEYOND: BEYOND,
+                       "beyond": BEYOND}
 
 
 def _parallelism_rule(num_params, activation_bytes, device_bytes, world_size) -> str:
@@ -130,7 +132,7 @@ def _parallelism_rule(num_params, activation_bytes, device_bytes, world_size) ->
         return "data"
     if state / world_size + activation_bytes <= device_bytes:
         return "sharded"
-    return "model"
+    return BEYOND
 
 
 # (parameters, activations in bytes, device bytes, GPUs): each case is one that a common wrong rule
@@ -140,15 +142,15 @@ _PARALLELISM_CASES = [
     (2.0e9, 10e9, 40e9, 8),   # 32 + 10 > 40 (4 bytes a parameter would say data), 4 + 10 fit: sharded
     (1.5e9, 20e9, 40e9, 8),   # 24 GB of states fit alone; with 20 GB of activations they do not: sharded
     (7.0e9, 10e9, 40e9, 8),   # 112 GB of states, 14 + 10 sharded over 8: sharded
-    (15e9, 15e9, 40e9, 8),    # 240 GB of states: 30 + 15 sharded over 8 do not fit, the model split does: model
+    (15e9, 15e9, 40e9, 8),    # 240 GB of states: 30 + 15 sharded over 8 do not fit: beyond sharding
     (70e9, 10e9, 40e9, 64),   # over 64 ranks 17.5 + 10 fit: sharded
-    (1.0e9, 50e9, 40e9, 8),   # the activations alone exceed the device; ZeRO does not split them: model
+    (1.0e9, 50e9, 40e9, 8),   # the activations alone exceed the device; ZeRO does not split them: beyond sharding
 ]
 
 
 def check_parallelism_choice(choose) -> bool:
     """`choose(num_params, activation_bytes, device_bytes, world_size)` -> "data", "sharded" or
-    "model", run on cases where the usual slips (4 bytes a parameter, no activations, states not
+    "beyond sharding", run on cases where the usual slips (4 bytes a parameter, no activations, states not
     divided over the ranks, activations divided too, sharding first) each give another answer."""
     if choose is None:
         return _unfinished("choose")
@@ -159,8 +161,12 @@ def check_parallelism_choice(choose) -> bool:
         if got is _FAILED:
             return False
         answer = PARALLELISM_ANSWERS.get(str(got).strip().lower())
+        if str(got).strip().lower() == "model":
+            return _verdict(False, f"{case}: choose returned 'model': where sharding is not enough, return "
+                                   "\"beyond sharding\": recomputing the activations may do without a model split")
         if answer is None:
-            return _verdict(False, f"{case}: choose returned {got!r}: return \"data\", \"sharded\" or \"model\"")
+            return _verdict(False, f"{case}: choose returned {got!r}: return \"data\", \"sharded\" or "
+                                   "\"beyond sharding\"")
         want = _parallelism_rule(num_params, activations, device, world_size)
         if answer == want:
             continue
@@ -185,4 +191,4 @@ def check_parallelism_choice(choose) -> bool:
                    "the model)")
         return _verdict(False, f"{case}: you said {answer}, the answer is {want}: {why}")
     return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes a parameter) plus activations "
-                          "decide data, sharded (1/world_size of the states) or model parallelism")
+                          "decide data, sharded (1/world_size of the states) or beyond sharding")

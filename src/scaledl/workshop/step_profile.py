@@ -1,0 +1,104 @@
+"""Lesson 2's profile of a training step, read two ways.
+
+`profile_steps` runs a step a few times under `torch.profiler`, prints the operators sorted by
+self time, then their self time summed by kind (convolutions, pooling, matrix multiplies, the
+optimizer's step). Only the operators' rows ("aten::...", "Optimizer....") are summed: a GPU
+kernel's row holds the same time again. `gap_split` divides that self time into the operators
+that do the counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part
+of the step's gap over its FLOP floor is larger. `a100_ceiling` divides the step's FLOPs, by kind,
+by NVIDIA's published A100 peaks (not measured) at the precision this torch allows for each kind.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Published peaks (NVIDIA A100 datasheet), not measured.
+A100_PEAK = {"FP32": 19.5e12, "TF32 tensor cores": 156e12}
+
+KINDS = {
+    "convolutions (forward and backward)": lambda key: "conv" in key,
+    "pooling": lambda key: "pool" in key,
+    "matrix multiplies": lambda key: key.endswith("mm"),
+    "optimizer step": lambda key: key.startswith("Optimizer.step"),
+}
+FLOP_KINDS = ("convolutions (forward and backward)", "matrix multiplies")  # the kinds with a FLOP formula
+
+
+@dataclass
+class StepProfile:
+    events: object  # the profiler's key_averages()
+    sort_by: str  # "self_device_time_total" on a GPU, else "self_cpu_time_total"
+    total_us: float  # the operators' self time, summed, in microseconds
+    share: dict  # kind -> its fraction of total_us
+    num_steps: int
+
+
+def self_time_by_kind(events, sort_by: str) -> tuple[float, dict]:
+    """The operators' summed self time (microseconds) and each kind's share of it."""
+    operators = [event for event in events if event.key.startswith(("aten::", "Optimizer."))]
+    total = sum(getattr(event, sort_by) for event in operators)
+    share = {kind: sum(getattr(event, sort_by) for event in operators if match(event.key)) / total
+             for kind, match in KINDS.items()}
+    return total, share
+
+
+def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8) -> StepProfile:
+    """Profile `num_steps` calls of `step()` (synchronized at the end), print the table and the
+    self time by kind, and return both."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # keeps Kineto's start and stop lines off stderr
+    from torch.profiler import ProfilerActivity, profile
+
+    from scaledl import timing
+
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as profiler:
+        for _ in range(num_steps):
+            step()
+        timing.synchronize(device)
+    sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    events = profiler.key_averages()
+    print(events.table(sort_by=sort_by, row_limit=row_limit))
+    total, share = self_time_by_kind(events, sort_by)
+    print(f"operators' {'GPU' if on_gpu else 'CPU'} self time by kind: "
+          + ", ".join(f"{kind} {value:.0%}" for kind, value in sorted(share.items(), key=lambda item: -item[1])))
+    return StepProfile(events, sort_by, total, share, num_steps)
+
+
+def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s: float) -> dict:
+    """Print and return the seconds a step spends in the operators with counted FLOPs and in the
+    rest, the first part's rate, and which part holds more of the gap over `predicted_s`."""
+    flop_share = sum(profile.share[kind] for kind in FLOP_KINDS)
+    flop_ops_s = flop_share * profile.total_us / 1e6 / profile.num_steps
+    other_s = (1 - flop_share) * profile.total_us / 1e6 / profile.num_steps
+    rate = flops / flop_ops_s
+    print(f"convolutions and matrix multiplies: {flop_share:.0%} of the self time, {flop_ops_s * 1e3:.2f} ms a step, "
+          f"{rate / 1e9:,.1f} GFLOP/s ({rate / throughput:.0%} of the large matmul's rate)")
+    print(f"all other operators: {1 - flop_share:.0%} of the self time, {other_s * 1e3:.2f} ms a step, "
+          "for 0 counted FLOPs")
+    larger = ("the operators without FLOPs (pooling, elementwise, the optimizer)" if other_s > flop_ops_s - predicted_s
+              else "the products running below the large matmul's rate")
+    print(f"the larger part of the gap: {larger}")
+    return {"flop_ops_s": flop_ops_s, "other_s": other_s, "rate": rate}
+
+
+def a100_ceiling(flop_counts: dict, batch_size: int, tf32: dict) -> float:
+    """Print the step's FLOPs by kind at the A100 peak that `tf32` allows for it ({"convolutions":
+    bool, "matrix multiplies": bool}), and return the step's seconds at those peaks.
+    `flop_counts` is FlopCounterMode's count by operator; what is not a convolution is a matrix
+    multiply (the only two kinds with a FLOP formula in this model)."""
+    flops = sum(flop_counts.values())
+    kind_flops = {"convolutions": sum(count for op, count in flop_counts.items() if "convolution" in str(op))}
+    kind_flops["matrix multiplies"] = flops - kind_flops["convolutions"]
+    print("TF32 allowed in this torch: " + ", ".join(f"{kind} {allowed}" for kind, allowed in tf32.items()))
+    at_peak_s = 0.0
+    for kind, kind_flop in kind_flops.items():
+        peak = "TF32 tensor cores" if tf32[kind] else "FP32"
+        at_peak_s += kind_flop / A100_PEAK[peak]
+        print(f"{kind}: {kind_flop / 1e9:.4f} GFLOP ({kind_flop / flops:.0%} of the step) at the {peak} peak: "
+              f"{kind_flop / A100_PEAK[peak] * 1e6:.1f} us")
+    print(f"the step at those peaks: {at_peak_s * 1e6:.1f} us, a ceiling of {batch_size / at_peak_s:,.0f} samples/s "
+          f"(all FP32: {flops / A100_PEAK['FP32'] * 1e6:.1f} us; all TF32: "
+          f"{flops / A100_PEAK['TF32 tensor cores'] * 1e6:.1f} us)")
+    return at_peak_s

@@ -1,0 +1,79 @@
+"""scaledl.workshop.step_profile: lesson 2's profile summed by kind, its gap split and the A100 ceiling."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from scaledl.workshop import step_profile
+
+
+def event(key, self_us):
+    return SimpleNamespace(key=key, self_cpu_time_total=self_us)
+
+
+EVENTS = [event("aten::max_pool2d_with_indices", 40.0), event("aten::convolution_backward", 20.0),
+          event("aten::mkldnn_convolution", 10.0), event("aten::mm", 10.0), event("aten::addmm", 5.0),
+          event("Optimizer.step#SGD.step", 5.0), event("aten::relu", 10.0),
+          event("ProfilerStep*", 1000.0)]  # not an operator's row: left out
+
+
+def test_self_time_by_kind_sums_the_operators_rows_only():
+    total, share = step_profile.self_time_by_kind(EVENTS, "self_cpu_time_total")
+    assert total == 100.0
+    assert share == pytest.approx({"convolutions (forward and backward)": 0.3, "pooling": 0.4,
+                                   "matrix multiplies": 0.15, "optimizer step": 0.05})
+
+
+def test_gap_split_divides_the_self_time_per_step(capsys):
+    total, share = step_profile.self_time_by_kind(EVENTS, "self_cpu_time_total")
+    profile = step_profile.StepProfile(EVENTS, "self_cpu_time_total", total * 1000, share, 5)  # 100 ms in 5 steps
+    split = step_profile.gap_split(profile, flops=0.9e9, throughput=100e9, predicted_s=0.009)
+    assert split["flop_ops_s"] == pytest.approx(0.009) and split["other_s"] == pytest.approx(0.011)
+    assert split["rate"] == pytest.approx(100e9)
+    out = capsys.readouterr().out
+    assert "45% of the self time" in out and "100% of the large matmul's rate" in out
+    assert "the larger part of the gap: the operators without FLOPs" in out
+
+
+def test_a100_ceiling_takes_the_peak_each_kind_is_allowed(capsys):
+    counts = {"aten.convolution_backward": 0.2457e9, "aten.convolution": 0.1301e9, "aten.mm": 0.0517e9,
+              "aten.addmm": 0.0259e9}
+    at_peak_s = step_profile.a100_ceiling(counts, 64, {"convolutions": True, "matrix multiplies": False})
+    assert math.isclose(at_peak_s, 0.3758e9 / 156e12 + 0.0776e9 / 19.5e12)
+    assert "a ceiling of 10,0" in capsys.readouterr().out  # about 10 million samples/s, as lesson 2 says
+    all_fp32 = step_profile.a100_ceiling(counts, 64, {"convolutions": False, "matrix multiplies": False})
+    assert math.isclose(all_fp32, sum(counts.values()) / 19.5e12)
+
+
+def test_profile_steps_profiles_a_real_step(capsys):
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 1, 8, 8)
+
+    def step():
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    profile = step_profile.profile_steps(step, torch.device("cpu"), num_steps=2)
+    assert profile.sort_by == "self_cpu_time_total" and profile.total_us > 0
+    assert all(profile.share[kind] > 0 for kind in step_profile.KINDS)
+    assert sum(profile.share.values()) <= 1 + 1e-9
+    assert "operators' CPU self time by kind" in capsys.readouterr().out
+
+
+def test_lesson_2s_box_shows_the_rungs_loop_as_it_is():
+    """Lesson 2 folds the rung's whole loop into a box as text: it must stay the loop the rung runs."""
+    import json
+    import textwrap
+
+    from conftest import ROOT
+
+    rung = (ROOT / "src" / "scaledl" / "ladder" / "single_torch.py").read_text()
+    loop = textwrap.dedent(rung[rung.index("    run = harness.TorchRun"):rung.index("    return 0")]).rstrip()
+    lesson = json.loads((ROOT / "solutions" / "02_single_device.ipynb").read_text())
+    markdown = ["".join(cell["source"]) for cell in lesson["cells"] if cell["cell_type"] == "markdown"]
+    assert any(f"```python\n{loop}\n```" in text for text in markdown)
