@@ -60,8 +60,8 @@ def default_world_size(accelerators: int | None = None) -> int:
 def _on_the_cpu(world_size: int, kind: str | None, accelerators: int) -> tuple[dict[str, str], str]:
     """The engines' environment and a note when the ranks outnumber this node's accelerators.
 
-    NCCL refuses two ranks on one GPU up to 2.29 and from 2.30.7 unless NCCL_MULTI_RANK_GPU_ENABLE=1 (init.cc,
-    ncclInvalidUsage; 2.30.3-2.30.4 allowed it by default), so such ranks run on the CPU with gloo: an empty
+    NCCL refuses two ranks on one GPU (ncclInvalidUsage: init.cc up to 2.29; from 2.30.3 unless
+    NCCL_MULTI_RANK_GPU_ENABLE=1, topo.cc then init.cc), so such ranks run on the CPU with gloo: an empty
     CUDA_VISIBLE_DEVICES hides the GPUs from the engines, and from every library they load (DeepSpeed picks its
     accelerator by itself)."""
     if not accelerators or world_size <= accelerators:
