@@ -292,3 +292,30 @@ def test_every_notebook_is_valid_with_an_id_on_every_cell(path):
     ids = [cell.get("id") for cell in notebook["cells"]]
     assert all(ids) and len(set(ids)) == len(ids), [i for i, cell_id in enumerate(ids) if not cell_id]
     nbformat.validate(nbformat.reads(path.read_text(), as_version=4))
+
+
+def headings(path) -> list[str]:
+    """A notebook's or a markdown file's headings, without their #s."""
+    texts = ([cell.source for cell in cells(path, "markdown")] if path.suffix == ".ipynb" else [path.read_text()])
+    return [line.lstrip("#").strip() for text in texts for line in text.splitlines() if re.match(r"#{1,6} ", line)]
+
+
+def test_every_link_to_a_section_finds_its_heading():
+    """A link to `lesson.ipynb#Heading-text` (JupyterLab's anchors: the heading, its spaces as dashes) or to
+    `README.md#heading-text` (GitHub's: lower case, punctuation dropped) lands on a heading that is there."""
+    broken = []
+    for path in LESSONS + [ROOT / "README.md", ROOT / "notebooks" / "GLOSSARY.md"]:
+        text = "\n".join(cell.source for cell in cells(path, "markdown")) if path.suffix == ".ipynb" \
+            else path.read_text()
+        for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", text):
+            if target.startswith("http"):
+                continue
+            linked = (path.parent / target).resolve() if target else path
+            if linked.suffix == ".ipynb":
+                found = anchor in [heading.replace(" ", "-") for heading in headings(linked)]
+            else:
+                found = anchor in [re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+                                   for heading in headings(linked)]
+            if not found:
+                broken.append(f"{path.name}: {target}#{anchor}")
+    assert not broken, broken
