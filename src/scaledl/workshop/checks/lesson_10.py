@@ -206,8 +206,9 @@ def check_recompute(recompute_block) -> bool:
     if kept > 0:
         return _verdict(False, f"the forward kept {kept:,} bytes of the block's {everything:,}: only part of the "
                                "block is recomputed; checkpoint the whole block")
-    return _verdict(True, f"the same output and gradients as block(x), keeping nothing but the input ({everything:,} "
-                          "bytes recomputed in backward instead)")
+    return _verdict(True, f"the same output and gradients as block(x), keeping nothing but the input: on the check's "
+                          f"block (width 64, 4 heads, 4 sequences of 32 tokens), {everything:,} bytes recomputed in "
+                          "backward instead")
 
 
 # (seq_len, batch, width, heads): blocks small enough to count in a second.
