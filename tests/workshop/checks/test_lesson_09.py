@@ -83,6 +83,10 @@ def test_engine_bytes_check(capsys):
     # Momentum only, no master copy: stage 1 would then save bytes on 2 ranks.
     fails(capsys, checks.check_engine_bytes(changed("optimizer", lambda n, w, s: 4 * n / w)),
           "stage 1", "fp32 copy of the weights")
+    # No master copy at stage 3 only, as a DeepSpeed without 0.19.8's device-comparison bug would keep.
+    fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s),
+                                                             **({"optimizer": 4 * n / w} if s == 3 else {})}),
+          "stage 3", "0.19.8", "not a rule of ZeRO")
     # The master copy at stage 0 too.
     fails(capsys, checks.check_engine_bytes(lambda n, w, s: {**engine_solution(n, w, s), "optimizer": 8 * n}),
           "stage 0", "no copy of the weights below stage 1")
