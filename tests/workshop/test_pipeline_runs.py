@@ -2,6 +2,7 @@ import sys
 
 import pytest
 
+from scaledl.hpc import launchers
 from scaledl.workshop import pipeline_runs
 
 
@@ -27,7 +28,7 @@ def test_run_rung_reads_back_the_summary_and_the_events(monkeypatch, tmp_path):
     script = tmp_path / "rung.py"
     script.write_text(FAKE_RUNG)
     fake = [sys.executable, str(script)]
-    monkeypatch.setattr(pipeline_runs.launchers, "torchrun", lambda n, module, args: [*fake, *args])
+    monkeypatch.setattr(launchers, "torchrun", lambda n, module, args: [*fake, *args])
     line, summary, events = pipeline_runs.run_rung(2, ["--epochs", "1"])
     assert line == "summary rung=pipeline bubble=0.25" and summary == {"bubble": 0.25}
     assert events == [[1, 0, 0, "F", 0, 0.0, 1.0]]
@@ -35,6 +36,6 @@ def test_run_rung_reads_back_the_summary_and_the_events(monkeypatch, tmp_path):
 
 def test_run_rung_says_why_it_failed(monkeypatch):
     failing = [sys.executable, "-c", "import sys; sys.exit('no such stage')"]
-    monkeypatch.setattr(pipeline_runs.launchers, "torchrun", lambda n, module, args: failing)
+    monkeypatch.setattr(launchers, "torchrun", lambda n, module, args: failing)
     with pytest.raises(RuntimeError, match="no such stage"):
         pipeline_runs.run_rung(2)

@@ -4,20 +4,16 @@
 around each half (a GPU runs its kernels after Python returns), and keeps the median of each half after the first
 runs (which pay for allocation and warm-up).
 
-`run_rung` launches `scaledl.ladder.pipeline` on local ranks with torchrun, as the rung's own job would on one
-node, and reads back what rank 0 wrote: the summary line's fields (summary.json) and every forward and backward
-each stage ran, with its start and end (pipeline_events.json, `scaledl.pipeline_events`).
+`run_rung` runs `scaledl.ladder.pipeline` once through `scaledl.workshop.rungs.run` and also reads back every
+forward and backward each stage ran, with its start and end (pipeline_events.json, `scaledl.pipeline_events`).
 """
 from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
-from scaledl.hpc import launchers
+from scaledl.workshop import rungs
 
 
 def time_stage(stage, inputs, device, repeats: int = 12, skip: int = 2) -> tuple[float, float]:
@@ -39,12 +35,7 @@ def time_stage(stage, inputs, device, repeats: int = 12, skip: int = 2) -> tuple
 
 
 def run_rung(world_size: int, args=(), module: str = "scaledl.ladder.pipeline") -> tuple[str, dict, list]:
-    """Run the pipeline rung on `world_size` local ranks: (its summary line, summary.json, its events)."""
-    out_dir = tempfile.mkdtemp(prefix="pipeline-")
-    command = launchers.torchrun(world_size, module, [*args, "--out-dir", out_dir])
-    result = subprocess.run(command, capture_output=True, text=True, env=launchers.local_env(world_size))
-    if result.returncode != 0:
-        raise RuntimeError(f"the pipeline rung failed:\n{result.stderr[-2000:]}")
-    line = next(line for line in result.stdout.splitlines() if line.startswith("summary"))
-    summary = json.loads(Path(out_dir, "summary.json").read_text())
-    return line, summary, json.loads(Path(out_dir, "pipeline_events.json").read_text())["events"]
+    """Run the pipeline rung on `world_size` local ranks (`scaledl.workshop.rungs.run`): (its summary line,
+    summary.json, its events)."""
+    line, summary, out_dir = rungs.run(module, world_size, args)
+    return line, summary, json.loads((out_dir / "pipeline_events.json").read_text())["events"]
