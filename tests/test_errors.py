@@ -62,3 +62,33 @@ def test_two_ranks_on_one_gpu_is_the_users_launch(nccl_says):
     mapped = errors.as_user_error(raised)
     assert mapped is not None and "two ranks share one GPU" in str(mapped) and "--nproc_per_node" in str(mapped)
     assert errors.as_user_error(RuntimeError("NCCL error: unhandled system error")) is None
+
+
+# A command whose error is being handled when the launcher's SIGTERM comes: str(error), which the
+# handler needs for the error's line, sends it (horovodrun stops every rank the moment one fails).
+SIGNAL_WHILE_HANDLING = """
+import os, signal, sys
+from scaledl.errors import {error}
+from scaledl.exits import exits_cleanly
+
+class Failure({error}):
+    def __str__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "the rank's own error"
+
+@exits_cleanly
+def main(argv=None):
+    raise Failure()
+
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("error", ["UserError", "RunError"])
+def test_a_signal_while_an_error_is_handled_is_the_one_line_never_a_traceback(tmp_path, error):
+    script = tmp_path / "command.py"
+    script.write_text(SIGNAL_WHILE_HANDLING.format(error=error))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PBS_", "SLURM_", "PMI_", "OMPI_COMM"))}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 128 + 15, result.stderr
+    assert result.stderr.splitlines() == [f"{script}: stopped by SIGTERM"], result.stderr

@@ -177,58 +177,69 @@ def exits_cleanly(main):
         # A flag error is a user error too: every rank parses the same flags, one prints.
         argparse.ArgumentParser.exit = _raise_usage_exit
         try:
-            return main(argv)
-        except _UsageExit as usage:
-            rank, _ = _place()
-            if rank == 0:
-                _say(str(usage))
-            _leave_for_launcher(rank, usage.status, str(usage))
-            return usage.status
-        except FlagsChecked:
-            return 0
-        except NothingToDo as done:
-            if _place()[0] == 0:
-                print(f"{prog}: {done}", flush=True)
-            return 0
-        except StoppedOnRequest as stopped:
-            if _place()[0] == 0:
-                _say(f"{prog}: {stopped}")
-            return 0
+            return _run(main, argv, prog)
         except signals.Interrupted as interrupt:
+            # The launcher's signal came while this rank was handling its own error, before the
+            # line about it was out (horovodrun stops every rank the moment one fails): the signal
+            # is how it ends, in one line, never a traceback from inside the handler.
             return _interrupted(prog, interrupt.signum)
-        except KeyboardInterrupt:
-            return _interrupted(prog, 2)
-        except UserError as error:
-            if signals.received:
-                return _interrupted(prog, None)
-            return _report(prog, str(error), 2)
-        except RunError as error:
-            if signals.received:
-                return _interrupted(prog, None)
-            return _report(prog, str(error), 1, every_rank=True)
-        except BrokenPipeError:
-            # Whoever read this rank's output is gone (the launcher exited): nobody to tell.
-            _silence()
-            return 1
-        except Exception as error:
-            if signals.received:
-                # Peers stopped by the same signal make this rank's collectives fail: not news.
-                return _interrupted(prog, None)
-            mapped = as_user_error(error)
-            if mapped is not None:
-                return _report(prog, str(mapped), 2)
-            if not _lost_a_peer(error):
-                raise
-            text = str(error).strip()
-            if "timed out" in text.lower() or "timeout" in text.lower():
-                # The peer may hang without a word: this rank's line is the only one.
-                timeout_s = errors.collective_timeout_s
-                waited = f"the --timeout of {timeout_s:g} s" if timeout_s else "its timeout"
-                detail = text.splitlines()[0][:200] if text else type(error).__name__
-                return _report(prog, f"a collective waited {waited} for a peer rank that hung or died; check the "
-                               f"other ranks' output ({detail})", 1, every_rank=True)
-            return _consequence(prog)
         finally:
             argparse.ArgumentParser.exit = _argparse_exit
 
     return wrapper
+
+
+def _run(main, argv, prog: str) -> int:
+    """main(argv), with each way it can fail turned into its line and exit status (see `exits_cleanly`)."""
+    try:
+        return main(argv)
+    except _UsageExit as usage:
+        rank, _ = _place()
+        if rank == 0:
+            _say(str(usage))
+        _leave_for_launcher(rank, usage.status, str(usage))
+        return usage.status
+    except FlagsChecked:
+        return 0
+    except NothingToDo as done:
+        if _place()[0] == 0:
+            print(f"{prog}: {done}", flush=True)
+        return 0
+    except StoppedOnRequest as stopped:
+        if _place()[0] == 0:
+            _say(f"{prog}: {stopped}")
+        return 0
+    except signals.Interrupted as interrupt:
+        return _interrupted(prog, interrupt.signum)
+    except KeyboardInterrupt:
+        return _interrupted(prog, 2)
+    except UserError as error:
+        if signals.received:
+            return _interrupted(prog, None)
+        return _report(prog, str(error), 2)
+    except RunError as error:
+        if signals.received:
+            return _interrupted(prog, None)
+        return _report(prog, str(error), 1, every_rank=True)
+    except BrokenPipeError:
+        # Whoever read this rank's output is gone (the launcher exited): nobody to tell.
+        _silence()
+        return 1
+    except Exception as error:
+        if signals.received:
+            # Peers stopped by the same signal make this rank's collectives fail: not news.
+            return _interrupted(prog, None)
+        mapped = as_user_error(error)
+        if mapped is not None:
+            return _report(prog, str(mapped), 2)
+        if not _lost_a_peer(error):
+            raise
+        text = str(error).strip()
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            # The peer may hang without a word: this rank's line is the only one.
+            timeout_s = errors.collective_timeout_s
+            waited = f"the --timeout of {timeout_s:g} s" if timeout_s else "its timeout"
+            detail = text.splitlines()[0][:200] if text else type(error).__name__
+            return _report(prog, f"a collective waited {waited} for a peer rank that hung or died; check the "
+                           f"other ranks' output ({detail})", 1, every_rank=True)
+        return _consequence(prog)
