@@ -95,6 +95,43 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for marker in FILE_TIERS.get(item.path.name, ()):
             item.add_marker(marker)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts the same way
+        longest_files_first(items)
+
+
+# tools/test.sh keeps the last run's per-test times here (runs/ is not tracked).
+LAST_TIMES = ROOT / "runs" / "last-test" / "parallel.xml"
+
+
+def longest_files_first(items) -> None:
+    """Order the files by their time in the last run, longest first, each file's tests in their own order.
+
+    Phase 1 hands out whole files (--dist loadfile, with --no-loadscope-reorder: in this order); xdist's own
+    order, by the number of tests, leaves the files of one long test (the demo's 150 s) to the end, where one
+    worker runs them while the other has nothing left.  A file the last run did not time goes first; without
+    that run's times (a fresh clone), the slow tier's files go first, then the files with the most tests."""
+    import xml.etree.ElementTree as ET
+
+    seconds: dict[str, float] = {}
+    try:
+        for case in ET.parse(LAST_TIMES).getroot().iter("testcase"):
+            parts = case.get("classname", "").split(".")
+            for end in range(1, len(parts) + 1):  # the file's key, whatever class the test is in
+                key = ".".join(parts[:end])
+                seconds[key] = seconds.get(key, 0.0) + float(case.get("time") or 0)
+    except (OSError, ET.ParseError, ValueError):
+        seconds = {}
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def weight(path: str) -> tuple:
+        if not seconds:  # a fresh clone (CI): the slow tier's files first, then by the number of tests
+            return any(item.get_closest_marker("slow") for item in files[path]), len(files[path])
+        key = path[:-3] if path.endswith(".py") else path
+        return True, seconds.get(key.replace("/", "."), float("inf"))
+
+    items[:] = [item for path in sorted(files, key=weight, reverse=True) for item in files[path]]
 
 
 def tier_of(report) -> str:

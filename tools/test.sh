@@ -13,7 +13,7 @@ workers=${WORKERS:-2}
 times=$(mktemp) results=$(mktemp -d)
 trap 'rm -rf "$times" "$results"' EXIT
 export SCALEDL_TIER_TIMES=$times PATH="$PWD/.venv/bin:$PATH"
-parallel=(-n "$workers" --dist loadfile)
+parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)  # the files in conftest.py's order: longest first
 [ "$workers" -gt 1 ] || parallel=()
 status=0
 start=$(date +%s)
