@@ -78,7 +78,7 @@ def test_papermill_overrides_the_parameters_cell(path, tmp_path):
 
 def test_lesson_0_binding_exercises_pass_with_the_right_answers():
     """The four binding checks of lesson 0's appendix, run in the notebook itself, top to bottom,
-    with the answers filled in (its stored cells hold the usual first guesses, which fail): every
+    with the answers filled in (its stored cells hold None, for the learner to fill in): every
     check says PASS, the eight ranks' wrapper gives GPU 3 - r / 2, and the two-rank launch is drawn.
     The appendix starts no live ranks."""
     notebook = nbformat.read(ROOT / "notebooks" / "00_appendix_placement.ipynb", as_version=4)

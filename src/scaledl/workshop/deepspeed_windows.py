@@ -16,8 +16,9 @@ all-gathers of the updated parameters after a step (stages 1 and 2) by DeepSpeed
 functions; neither is wrapped.  The recording runs on each live rank (a `%%px` cell); the
 lesson's figure and checks read its two lists off the ranks.
 
-`call_timings` and `timing_table` turn timed calls from several ranks into lesson 8's one table:
-each call at its shortest over the ranks, then the fastest, first quartile and median over the calls.
+`call_timings`, `timing_table` and `sorted_calls_figure` turn timed calls from several ranks into
+lesson 8's table and figure: each call at its shortest over the ranks, then every call against the
+prediction (the fastest, the median, how many within twice the prediction).
 """
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ def call_timings(calls_by_name: dict, predicted_ms: float) -> dict:
     """Lesson 8's timing of the whole gradient's all-reduce, for each named list of per-rank records
     (`(micro_step, call, bytes, ms)` per all-reduce, as `record_windows` keeps): each call the
     shortest over the ranks (the rank that joined last waited for no one), then, over the calls,
-    {"calls", "fastest", "first_quartile", "median" (ms), "fast" (calls within twice `predicted_ms`)}."""
+    {"calls", "fastest", "median" (ms), "fast" (calls within twice `predicted_ms`), "sorted" (every
+    call's ms, fastest first)}."""
     import statistics
 
     from scaledl.perf import comm_estimate
@@ -99,20 +101,42 @@ def call_timings(calls_by_name: dict, predicted_ms: float) -> dict:
     timings = {}
     for name, reduced_by_rank in calls_by_name.items():
         shortest = comm_estimate.shortest_per_call(reduced_by_rank)
-        timings[name] = {"calls": len(shortest), "fastest": min(shortest), "first_quartile": first_quartile(shortest),
-                         "median": statistics.median(shortest),
-                         "fast": sum(ms <= 2 * predicted_ms for ms in shortest)}
+        timings[name] = {"calls": len(shortest), "fastest": min(shortest), "median": statistics.median(shortest),
+                         "fast": sum(ms <= 2 * predicted_ms for ms in shortest), "sorted": sorted(shortest)}
     return timings
 
 
 def timing_table(timings: dict, predicted_ms: float) -> str:
     """`call_timings`' rows as one text table, in ms, with the prediction beside each row."""
     width = max(len(name) for name in timings)
-    lines = [f"{'':{width}}  calls  predicted  fastest  first quartile  median  within 2x the prediction"]
+    calls = max(row["calls"] for row in timings.values())
+    within = f"calls within 2x (of {calls})"
+    lines = [f"{'':{width}}  calls  predicted  fastest  median  {within}"]
     for name, row in timings.items():
         lines.append(f"{name:{width}}  {row['calls']:5}  {predicted_ms:9.2f}  {row['fastest']:7.2f}  "
-                     f"{row['first_quartile']:14.2f}  {row['median']:6.2f}  {row['fast']:5}")
+                     f"{row['median']:6.2f}  {row['fast']:{len(within)}}")
     return "\n".join(lines)
+
+
+def sorted_calls_figure(timings: dict, predicted_ms: float, title: str = ""):
+    """Every timed call of each row of `call_timings`, fastest first, in ms on a log axis, against
+    the prediction (a line) and twice the prediction (dashed): the calls near the line ran
+    undisturbed, the ones far above it waited for a core."""
+    from matplotlib.figure import Figure  # no pyplot: leaves a notebook's backend alone
+    from matplotlib.ticker import FormatStrFormatter
+
+    fig = Figure(figsize=(7, 3.2), layout="constrained")
+    ax = fig.subplots()
+    for (name, row), marker in zip(timings.items(), "os^v"):
+        ax.plot(range(1, row["calls"] + 1), row["sorted"], marker=marker, linestyle="-", ms=5, label=name)
+    ax.axhline(predicted_ms, color="black", linewidth=1, label=f"predicted, {predicted_ms:.2f} ms")
+    ax.axhline(2 * predicted_ms, color="black", linewidth=1, linestyle="--", label="twice the prediction")
+    ax.set(yscale="log", xlabel="calls, fastest first", ylabel="ms (shortest over the ranks)")
+    ax.set_title(title, fontsize=10)
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # 0.5, 2, not 5x10^-1
+        axis(FormatStrFormatter("%g"))
+    ax.legend(fontsize=8, frameon=False)
+    return fig
 
 
 def probe_all_reduces(model, device, generator, sizes: list[int], calls: int = 15, micro_batch_size: int = 8,

@@ -51,39 +51,53 @@ def test_tensor_parallel_mlp_check(capsys):
 
 # ---------------------------------------------------------------- the rank groups of a dp x tp grid
 
-def rank_groups(world_size, tp):
-    """The exercise's answer: init_device_mesh's (dp, tp) grid, row-major."""
-    rows = [list(range(row * tp, (row + 1) * tp)) for row in range(world_size // tp)]
-    return {"tp": rows, "dp": [list(column) for column in zip(*rows)]}
+def rank_groups(world_size, tp, pp):
+    """The exercise's answer: init_device_mesh's (pp, dp, tp) grid, row-major."""
+    dp = world_size // (tp * pp)
+
+    def rank(stage, replica, piece):
+        return (stage * dp + replica) * tp + piece
+
+    return {"tp": [[rank(s, r, p) for p in range(tp)] for s in range(pp) for r in range(dp)],
+            "dp": [[rank(s, r, p) for r in range(dp)] for s in range(pp) for p in range(tp)],
+            "pp": [[rank(s, r, p) for s in range(pp)] for r in range(dp) for p in range(tp)]}
 
 
 def test_rank_groups(capsys):
     assert checks.check_rank_groups(rank_groups)
     line = verdict(capsys)
-    assert "each tp group is one node's GPUs, [[0, 1, 2, 3], [4, 5, 6, 7]]" in line and "spans nodes [0, 1]" in line
-    # Groups listed in another order are the same groups.
-    assert checks.check_rank_groups(lambda n, tp: {key: value[::-1] for key, value in rank_groups(n, tp).items()})
+    assert "every tp group ([[0, 1], [2, 3], [4, 5], [6, 7]])" in line and "e.g. [0, 4], spans nodes [0, 1]" in line
+    # Groups, and the ranks in them, listed in another order are the same groups.
+    assert checks.check_rank_groups(lambda n, tp, pp: {key: [group[::-1] for group in value[::-1]]
+                                                       for key, value in rank_groups(n, tp, pp).items()})
     verdict(capsys)
     fails(capsys, checks.check_rank_groups(None), "`rank_groups` is not set")
     fails(capsys, checks.check_rank_groups([[0, 1]]), "must be a function")
-    fails(capsys, checks.check_rank_groups(lambda n, tp: (rank_groups(n, tp)["tp"], rank_groups(n, tp)["dp"])),
-          "must return a dict")
-    # The grid numbered column by column: tp groups strided, dp groups consecutive.
-    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": rank_groups(n, n // tp)["dp"],
-                                                          "dp": rank_groups(n, n // tp)["tp"]}),
-          "rank_groups(8, 4)[\"tp\"] is [[0, 2, 4, 6], [1, 3, 5, 7]]", "rank = row x tp + column")
-    # The two dimensions swapped: groups of dp ranks named tp.
-    fails(capsys, checks.check_rank_groups(lambda n, tp: rank_groups(n, n // tp)), "expected 2 groups of 4")
-    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": [list(range(n))], "dp": [[r] for r in range(n)]}),
-          "rank_groups(8, 4)")
-    fails(capsys, checks.check_rank_groups(lambda n, tp: 1 / 0), "raised ZeroDivisionError")
+    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: (rank_groups(n, tp, pp)["tp"],
+                                                              rank_groups(n, tp, pp)["dp"])), "must return a dict")
+    # The 2D answer with no pp key: a dict of tp and dp alone.
+    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: {k: v for k, v in rank_groups(n, tp, pp).items()
+                                                              if k != "pp"}), "with the keys \"tp\", \"dp\" and \"pp\"")
+    # The grid numbered column by column (dp fastest): tp groups strided, dp groups consecutive.
+    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: {"tp": rank_groups(n, n // tp, 1)["dp"],
+                                                              "dp": rank_groups(n, n // tp, 1)["tp"],
+                                                              "pp": [[r] for r in range(n)]}),
+          "rank_groups(8, 4, 1)[\"tp\"] is not the grid's tp groups", "2 groups of 4 ranks")
+    # pp and dp swapped, (dp, pp, tp): right on every 2D grid, wrong once there are stages.
+    def dp_outermost(n, tp, pp):
+        groups = rank_groups(n, tp, n // (tp * pp))
+        return {"tp": groups["tp"], "dp": groups["pp"], "pp": groups["dp"]}
+    fails(capsys, checks.check_rank_groups(dp_outermost), "rank_groups(8, 2, 2)[\"dp\"]", "last coordinate fastest")
+    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: {"tp": [list(range(n))], "dp": [[r] for r in range(n)],
+                                                              "pp": [[r] for r in range(n)]}), "rank_groups(8, 1, 1)")
+    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: 1 / 0), "raised ZeroDivisionError")
 
 
 # ---------------------------------------------------------------- tp groups that cross a node boundary
 
 def crossing_tp_groups(world_size, tp, ranks_per_node):
     """The exercise's answer: the rows whose ranks lie on more than one node (a node's ranks are consecutive)."""
-    return [row for row in rank_groups(world_size, tp)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
+    return [row for row in rank_groups(world_size, tp, 1)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
 
 
 def test_crossing_groups(capsys):
@@ -94,14 +108,14 @@ def test_crossing_groups(capsys):
     fails(capsys, checks.check_crossing_groups(3), "must be a function")
     # The rule of thumb alone: every group crosses when tp does not divide a node's ranks. Wrong for tp 3.
     fails(capsys, checks.check_crossing_groups(
-        lambda n, tp, per_node: rank_groups(n, tp)["tp"] if per_node % tp else []),
+        lambda n, tp, per_node: rank_groups(n, tp, 1)["tp"] if per_node % tp else []),
         "crossing_tp_groups(12, 3, 4) gives 4 group(s), and 2 of the 4")
     # Only groups larger than a node counted.
     fails(capsys, checks.check_crossing_groups(
-        lambda n, tp, per_node: rank_groups(n, tp)["tp"] if tp > per_node else []), "crossing_tp_groups(12, 3, 4)")
+        lambda n, tp, per_node: rank_groups(n, tp, 1)["tp"] if tp > per_node else []), "crossing_tp_groups(12, 3, 4)")
     # The dp groups (columns) taken for the tp groups.
     fails(capsys, checks.check_crossing_groups(
-        lambda n, tp, per_node: [g for g in rank_groups(n, tp)["dp"] if len({r // per_node for r in g}) > 1]),
+        lambda n, tp, per_node: [g for g in rank_groups(n, tp, 1)["dp"] if len({r // per_node for r in g}) > 1]),
         "crossing_tp_groups(8, 4, 4) gives 4 group(s), and 0 of the 2")
     fails(capsys, checks.check_crossing_groups(lambda n, tp, per_node: 5), "must return a list of groups")
 

@@ -1,48 +1,63 @@
 """Lesson 12's checks: a tensor-parallel MLP, split by hand, the all-reduces a block makes, the rank groups of a
-dp x tp grid, and which of its tp groups cross a node boundary."""
+(pp, dp, tp) grid, and which of its tp groups cross a node boundary."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
-# (world_size, tp) grids the groups are checked on, and the ranks a node holds for the verdict's reading.
-GRIDS = ((8, 4), (8, 2), (16, 4), (12, 4), (4, 2), (6, 3), (8, 1), (8, 8))
+# (world_size, tp, pp) grids the groups are checked on: 2D (pp 1) and 3D, from all dp to all pp.
+GRIDS = ((8, 1, 1), (8, 4, 1), (8, 2, 2), (16, 4, 2), (12, 2, 3), (8, 1, 2), (24, 4, 2), (6, 3, 1), (8, 8, 1),
+         (8, 1, 8))
 
 
-def _grid(world_size: int, tp: int) -> dict:
-    """init_device_mesh's layout, (dp, tp) row-major: rank = row x tp + column (torch/distributed/device_mesh.py,
-    the identity rank map over sizes with contiguous strides)."""
-    rows = [list(range(row * tp, (row + 1) * tp)) for row in range(world_size // tp)]
-    return {"tp": rows, "dp": [list(column) for column in zip(*rows)]}
+def _grid(world_size: int, tp: int, pp: int = 1) -> dict:
+    """init_device_mesh's layout of the shape (pp, dp, tp), row-major: rank = (stage x dp + replica) x tp + slice
+    (torch/distributed/device_mesh.py, the identity rank map over sizes with contiguous strides); a group along one
+    dimension varies that coordinate and holds the other two."""
+    dp = world_size // (tp * pp)
+
+    def rank(stage: int, replica: int, piece: int) -> int:
+        return (stage * dp + replica) * tp + piece
+
+    return {"tp": [[rank(s, r, p) for p in range(tp)] for s in range(pp) for r in range(dp)],
+            "dp": [[rank(s, r, p) for r in range(dp)] for s in range(pp) for p in range(tp)],
+            "pp": [[rank(s, r, p) for s in range(pp)] for r in range(dp) for p in range(tp)]}
 
 
 def check_rank_groups(rank_groups, ranks_per_node: int = 4) -> bool:
-    """`rank_groups(world_size, tp)`: {"tp": [...], "dp": [...]}, the ranks of each tensor-parallel group (a row
-    of the dp x tp grid) and of each data-parallel group (a column), each group in rank order, on every grid of
-    GRIDS; the verdict then reads Polaris' 2-node grid against its nodes of `ranks_per_node` GPUs."""
+    """`rank_groups(world_size, tp, pp)`: {"tp": [...], "dp": [...], "pp": [...]}, the ranks of each group of the
+    (pp, dp, tp) grid along each dimension, on every grid of GRIDS (groups and the ranks in them in any order); the
+    verdict then reads Polaris' 2-node grid (pp 2, dp 2, tp 2) against its nodes of `ranks_per_node` GPUs.  A FAIL
+    names the grid and the dimension, the groups' count and size, never the groups."""
     if rank_groups is None:
         return _unfinished("rank_groups")
     if not callable(rank_groups):
-        return _verdict(False, "`rank_groups` must be a function of (world_size, tp)")
-    for world_size, tp in GRIDS:
-        got = _attempt("rank_groups", f"rank_groups({world_size}, {tp})", lambda: rank_groups(world_size, tp))
+        return _verdict(False, "`rank_groups` must be a function of (world_size, tp, pp)")
+    for world_size, tp, pp in GRIDS:
+        call = f"rank_groups({world_size}, {tp}, {pp})"
+        got = _attempt("rank_groups", call, lambda: rank_groups(world_size, tp, pp))
         if got is _FAILED:
             return False
-        want = _grid(world_size, tp)
-        if not isinstance(got, dict) or set(got) != {"tp", "dp"}:
-            return _verdict(False, f"rank_groups({world_size}, {tp}) must return a dict with the keys \"tp\" and "
-                                   "\"dp\", each a list of groups")
-        for name in ("tp", "dp"):
-            groups = [sorted(int(rank) for rank in group) for group in got[name]]
-            if sorted(groups) != want[name]:
-                size = tp if name == "tp" else world_size // tp
-                return _verdict(False, f"rank_groups({world_size}, {tp})[\"{name}\"] is {got[name]}, expected "
-                                       f"{world_size // size} groups of {size}: {want[name]}; init_device_mesh numbers "
-                                       "the grid row by row (rank = row x tp + column), a tp group is a row and a dp "
-                                       "group a column")
-    polaris = _grid(8, 4)
-    nodes = [sorted({rank // ranks_per_node for rank in group}) for group in polaris["dp"]]
-    return _verdict(True, f"on 2 Polaris nodes (8 ranks, tp 4) each tp group is one node's GPUs, {polaris['tp']}; "
-                          f"each dp group, e.g. {polaris['dp'][0]}, spans nodes {nodes[0]}")
+        want = _grid(world_size, tp, pp)
+        if not isinstance(got, dict) or set(got) != {"tp", "dp", "pp"}:
+            return _verdict(False, f"{call} must return a dict with the keys \"tp\", \"dp\" and \"pp\", each a "
+                                   "list of groups")
+        for name in ("tp", "dp", "pp"):
+            try:
+                groups = sorted(sorted(int(rank) for rank in group) for group in got[name])
+            except TypeError:
+                return _verdict(False, f"{call}[\"{name}\"] must be a list of groups, each a list of ranks")
+            if groups != sorted(want[name]):
+                size = len(want[name][0])
+                return _verdict(False, f"{call}[\"{name}\"] is not the grid's {name} groups: expect "
+                                       f"{len(want[name])} groups of {size} rank{'s' if size > 1 else ''} (dp = "
+                                       f"{world_size // (tp * pp)}); "
+                                       "the mesh numbers (pp, dp, tp) with the last coordinate fastest, and a "
+                                       f"{name} group varies the {name} coordinate, holding the other two")
+    polaris = _grid(8, 2, 2)
+    crossing = sorted({rank // ranks_per_node for rank in polaris["pp"][0]})
+    return _verdict(True, f"on 2 Polaris nodes (8 ranks: pp 2, dp 2, tp 2) every tp group ({polaris['tp']}) and "
+                          f"every dp group ({polaris['dp']}) stays inside a node; each pp group, e.g. "
+                          f"{polaris['pp'][0]}, spans nodes {crossing}: only the pipeline's sends cross")
 
 
 # (world_size, tp, ranks_per_node): grids whose tp does or does not divide a node's ranks, on Polaris (4 GPUs a
@@ -54,7 +69,7 @@ CROSSING_CASES = ((8, 4, 4), (12, 3, 4), (16, 8, 4), (12, 6, 4), (8, 2, 4), (24,
 def _crossing(world_size: int, tp: int, ranks_per_node: int) -> list[list[int]]:
     """The tp groups (rows of the grid) whose ranks lie on more than one node: a node holds ranks_per_node
     consecutive ranks (torchrun numbers the workers node by node)."""
-    return [row for row in _grid(world_size, tp)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
+    return [row for row in _grid(world_size, tp, 1)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
 
 
 def check_crossing_groups(crossing_tp_groups) -> bool:

@@ -82,7 +82,7 @@ def _parts_wrong(step_parts, layout: dict, want: dict, part_within: float, which
             return f"`step_parts(...)[\"{key}\"]` is {value!r} for {which}: give seconds, a number"
         if not math.isclose(value, want[key], rel_tol=part_within, abs_tol=1e-3):
             return (f"for {which}, the part \"{key}\" is not within {part_within:.0%} of the chooser's: work out "
-                    f"row {name} of the table again for this layout")
+                    f"rule {name} of Step 3 again for this layout")
     return None
 
 
@@ -267,11 +267,11 @@ def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict]
     if not isinstance(found, dict) or set(found) != set(_KINDS):
         return _verdict(False, f"`comm_ms_here(link)` returns a dict with the keys \"dp\", \"tp\" and \"pp\", got "
                                f"{found!r}")
-    cost = {"dp": "one ring all-reduce of the gradients' bytes on 2 ranks: 2 ring steps, each alpha plus half the "
-                  "bytes over the bandwidth",
-            "tp": "each all-reduce is a ring all-reduce of one micro batch's activations on 2 ranks (2 alpha plus "
-                  "the bytes over the bandwidth)",
-            "pp": "each send is one alpha plus one micro batch's activations over the bandwidth"}
+    cost = {"dp": "one ring all-reduce of the gradients' bytes on 2 ranks: 2 ring steps, each the per-call overhead "
+                  "(`link.alpha_s`) plus half the bytes over the bandwidth",
+            "tp": "each all-reduce is a ring all-reduce of one micro batch's activations on 2 ranks (2 per-call "
+                  "overheads plus the bytes over the bandwidth)",
+            "pp": "each send is one per-call overhead plus one micro batch's activations over the bandwidth"}
     for kind in ("dp", "tp", "pp"):
         value, want = found[kind], by_kind[kind][f"{kind}_ms"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -279,8 +279,8 @@ def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict]
                                    "number")
         if not want / 2 <= value <= want * 2:
             return _verdict(False, f"your counts are right, but `comm_ms_here(link)[\"{kind}\"]` is more than a factor "
-                                   f"of 2 from the chooser's: {cost[kind]}; the link's alpha and bandwidth are in "
-                                   "seconds and bytes a second")
+                                   f"of 2 from the chooser's: {cost[kind]}; the link's `alpha_s` and `bandwidth_Bps` "
+                                   "are in seconds and bytes a second")
     if order_here is None:
         return _unfinished("order_here")
     if not isinstance(order_here, (list, tuple)) or sorted(order_here) != sorted(_KINDS):
