@@ -66,10 +66,10 @@ _AFTER_BACKWARD = {0: (), 1: ("optimizer", "grads"), 2: ("optimizer", "grads"), 
 def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
     """`engine_bytes_per_rank(num_params, world_size, stage)` for lesson 9's live engine by the paper's rule,
     counted after backward and before the optimizer step: fp32 parameters and gradients (4 + 4 bytes) and
-    SGD's momentum (4); from stage 1 on, each rank keeps only its part of the reduced gradients.  DeepSpeed
-    0.19.8's extra fp32 copy of the weights is not asked for: the lesson shows it in the live count after the
-    check.  Checked part by part on a parameter count that `world_size` does not divide (DeepSpeed pads
-    partitions: rounding either way passes)."""
+    SGD's momentum (4); from stage 1 on, each rank keeps only its part of the reduced gradients.  DeepSpeed's
+    extra fp32 copy of the weights is not asked for: the lesson adds it to the learner's numbers after the check.
+    Checked part by part on a parameter count that `world_size` does not divide (DeepSpeed pads partitions:
+    rounding either way passes)."""
     if engine_bytes_per_rank is None:
         return _unfinished("engine_bytes_per_rank")
     num_params = 206_922  # the CNN's
@@ -97,8 +97,8 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
                                        "backward it holds them all, the paper's count)")
             if key == "optimizer" and close(got[key], 8 * full):
                 return _verdict(False, f"stage {stage}: SGD with momentum keeps 4 bytes per parameter. An fp32 copy "
-                                       "of the weights on top is DeepSpeed 0.19.8's own, not the paper's rule: the "
-                                       "live count after this check shows it")
+                                       "of the weights on top is DeepSpeed's own, not the paper's rule: leave it out, "
+                                       "the row after this check adds it to your numbers")
             if key == "optimizer" and close(got[key], 12 * full):
                 return _verdict(False, f"stage {stage}: 12 bytes of optimizer state is Adam's: the DeepSpeed engine "
                                        "runs SGD with momentum")
