@@ -98,7 +98,8 @@ def a100_ceiling(flop_counts: dict, batch_size: int, tf32: dict) -> float:
         at_peak_s += kind_flop / A100_PEAK[peak]
         print(f"{kind}: {kind_flop / 1e9:.4f} GFLOP ({kind_flop / flops:.0%} of the step) at the {peak} peak: "
               f"{kind_flop / A100_PEAK[peak] * 1e6:.1f} us")
-    print(f"the step at those peaks: {at_peak_s * 1e6:.1f} us, a ceiling of {batch_size / at_peak_s:,.0f} samples/s "
+    print(f"the step at those peaks: {at_peak_s * 1e6:.1f} us, "
+          f"a ceiling of about {batch_size / at_peak_s / 1e6:.2g} M samples/s "
           f"(all FP32: {flops / A100_PEAK['FP32'] * 1e6:.1f} us; all TF32: "
           f"{flops / A100_PEAK['TF32 tensor cores'] * 1e6:.1f} us)")
     return at_peak_s

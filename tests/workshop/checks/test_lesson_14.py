@@ -104,6 +104,20 @@ def test_layout(capsys):
     fails(capsys, check(layout(dp=2, pp=8, tp=1, zero=0, micro_batch_size="1")), "whole numbers")
 
 
+def test_step_parts(capsys):
+    from scaledl.workshop.checks.lesson_14 import check_step_parts
+
+    # Part 1 alone: the worked example and the second layout, each part within 2%; a FAIL names the part only.
+    assert check_step_parts(learner())
+    assert "9.253 s" in verdict(capsys)
+    line = fails(capsys, check_step_parts(learner(tp=1.5)), "the worked example", "3. tp's all-reduces")
+    assert "0.9" not in line, line
+    nvlink_only = lambda **lay: parts_of(lay, pp=0.5 if lay["tp"] * lay["pp"] > 4 else 1.0)  # noqa: E731
+    fails(capsys, check_step_parts(nvlink_only), "the second layout", "4. pp's sends")
+    fails(capsys, check_step_parts(None), "`step_parts` is not set")
+    fails(capsys, check_step_parts(8.28), "must be a function")
+
+
 # ---------------------------------------------------------------- the fastest layout here
 def layout_rows(dp_ms=18.6, tp_ms=76.5, pp_ms=49.1):
     """Rows shaped as scaledl.perf.bench.layouts.compare returns them (the numbers from a run here)."""

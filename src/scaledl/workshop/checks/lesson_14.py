@@ -86,6 +86,43 @@ def _parts_wrong(step_parts, layout: dict, want: dict, part_within: float, which
     return None
 
 
+def _graded_parts_wrong(step_parts, chooser, part_within: float):
+    """None when `step_parts` matches the chooser part by part on EXAMPLE and SECOND, else False (its FAIL
+    printed)."""
+    for graded, which in ((EXAMPLE, "the worked example"),
+                          (SECOND, "the second layout (dp 2, tp 4, pp 2, ZeRO-0, micro batch 1)")):
+        wrong = _parts_wrong(step_parts, graded, step_parts_of(chooser(graded)), part_within, which)
+        if wrong is not None:
+            return wrong if wrong is False else _verdict(False, wrong)
+    return None
+
+
+def check_step_parts(step_parts, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                     global_batch_size: int = 512, part_within: float = 0.02) -> bool:
+    """Exercise 2, part 1 alone: `step_parts(dp, tp, pp, zero, recompute, micro_batch_size)` must match the
+    chooser part by part (each within `part_within`, or a millisecond where it is zero) on the worked example
+    (EXAMPLE) and on SECOND, whose parts the lesson does not print.  A FAIL names the layout and the part, never
+    its value; the PASS gives the worked example's step, whose parts the lesson prints after this check."""
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    if step_parts is None:
+        return _unfinished("step_parts")
+    if not callable(step_parts):
+        return _verdict(False, "`step_parts` must be a function of (dp, tp, pp, zero, recompute, micro_batch_size)")
+    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
+
+    def chooser(lay: dict) -> dict:
+        return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
+
+    wrong = _graded_parts_wrong(step_parts, chooser, part_within)
+    if wrong is not None:
+        return wrong
+    return _verdict(True, f"every part within {part_within:.0%} of the chooser's on the worked example (a step of "
+                          f"{chooser(EXAMPLE)['step_s']:.3f} s) and on the second layout (dp 2, tp 4, pp 2, ZeRO-0, "
+                          "micro batch 1)")
+
+
 def _fastest(rows: list[dict], within: float) -> tuple[dict, list[dict]]:
     """The fastest row that fits, and every fitting row within `within` of it: the set the model cannot tell
     apart (it leaves out effects of a few percent, so a measurement decides between them)."""
@@ -147,11 +184,9 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
     def chooser(lay: dict) -> dict:
         return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
 
-    for graded, which in ((EXAMPLE, "the worked example"),
-                          (SECOND, "the second layout (dp 2, tp 4, pp 2, ZeRO-0, micro batch 1)")):
-        wrong = _parts_wrong(step_parts, graded, step_parts_of(chooser(graded)), part_within, which)
-        if wrong is not None:
-            return wrong if wrong is False else _verdict(False, wrong)
+    wrong = _graded_parts_wrong(step_parts, chooser, part_within)
+    if wrong is not None:
+        return wrong
     if layout is None:
         return _unfinished("layout")
     if not isinstance(layout, dict) or set(LAYOUT_KEYS) - set(layout):
