@@ -97,25 +97,32 @@ def _graded_parts_wrong(step_parts, chooser, part_within: float):
     return None
 
 
+def _parts_graded(step_parts, preset: str, system: str, nodes: int, global_batch_size: int, part_within: float):
+    """(the chooser's `evaluate` of a layout, None when `step_parts` matches it part by part on the graded layouts,
+    else the verdict that says why not): the start both checks of Exercise 2 share."""
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
+
+    def chooser(lay: dict) -> dict:
+        return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
+
+    if step_parts is None:
+        return chooser, _unfinished("step_parts")
+    if not callable(step_parts):
+        return chooser, _verdict(False, "`step_parts` must be a function of (dp, tp, pp, zero, recompute, "
+                                        "micro_batch_size)")
+    return chooser, _graded_parts_wrong(step_parts, chooser, part_within)
+
+
 def check_step_parts(step_parts, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
                      global_batch_size: int = 512, part_within: float = 0.02) -> bool:
     """Exercise 2, part 1 alone: `step_parts(dp, tp, pp, zero, recompute, micro_batch_size)` must match the
     chooser part by part (each within `part_within`, or a millisecond where it is zero) on the worked example
     (EXAMPLE) and on SECOND, whose parts the lesson does not print.  A FAIL names the layout and the part, never
     its value; the PASS gives the worked example's step, whose parts the lesson prints after this check."""
-    from scaledl import models
-    from scaledl.perf import choose, predict
-
-    if step_parts is None:
-        return _unfinished("step_parts")
-    if not callable(step_parts):
-        return _verdict(False, "`step_parts` must be a function of (dp, tp, pp, zero, recompute, micro_batch_size)")
-    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
-
-    def chooser(lay: dict) -> dict:
-        return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
-
-    wrong = _graded_parts_wrong(step_parts, chooser, part_within)
+    chooser, wrong = _parts_graded(step_parts, preset, system, nodes, global_batch_size, part_within)
     if wrong is not None:
         return wrong
     return _verdict(True, f"every part within {part_within:.0%} of the chooser's on the worked example (a step of "
@@ -175,16 +182,8 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
     from scaledl import models
     from scaledl.perf import choose, predict
 
-    if step_parts is None:
-        return _unfinished("step_parts")
-    if not callable(step_parts):
-        return _verdict(False, "`step_parts` must be a function of (dp, tp, pp, zero, recompute, micro_batch_size)")
     sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
-
-    def chooser(lay: dict) -> dict:
-        return choose.evaluate(sizes, machine, device, nodes, global_batch_size, *(lay[key] for key in LAYOUT_KEYS))
-
-    wrong = _graded_parts_wrong(step_parts, chooser, part_within)
+    chooser, wrong = _parts_graded(step_parts, preset, system, nodes, global_batch_size, part_within)
     if wrong is not None:
         return wrong
     if layout is None:
