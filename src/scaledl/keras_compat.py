@@ -60,6 +60,7 @@ def horovod_variables(model, optimizer) -> tuple[list, list, list]:
     return (tf_variables(model.trainable_variables), tf_variables(model.variables),
             tf_variables(optimizer.variables))
 
+
 def for_horovod(model, optimizer):
     """What a Horovod TensorFlow step takes from Keras: `(model_variables, optimizer_variables, update)`.
 
@@ -77,7 +78,6 @@ def for_horovod(model, optimizer):
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))  # Keras' list of the same weights
 
     return model_variables, optimizer_variables, update
-
 
 
 class GradientSums:

@@ -86,17 +86,6 @@ def _parts_wrong(step_parts, layout: dict, want: dict, part_within: float, which
     return None
 
 
-def _graded_parts_wrong(step_parts, chooser, part_within: float):
-    """None when `step_parts` matches the chooser part by part on EXAMPLE and SECOND, else False (its FAIL
-    printed)."""
-    for graded, which in ((EXAMPLE, "the worked example"),
-                          (SECOND, "the second layout (dp 2, tp 4, pp 2, ZeRO-0, micro batch 1)")):
-        wrong = _parts_wrong(step_parts, graded, step_parts_of(chooser(graded)), part_within, which)
-        if wrong is not None:
-            return wrong if wrong is False else _verdict(False, wrong)
-    return None
-
-
 def _parts_graded(step_parts, preset: str, system: str, nodes: int, global_batch_size: int, part_within: float):
     """(the chooser's `evaluate` of a layout, None when `step_parts` matches it part by part on the graded layouts,
     else the verdict that says why not): the start both checks of Exercise 2 share."""
@@ -113,7 +102,12 @@ def _parts_graded(step_parts, preset: str, system: str, nodes: int, global_batch
     if not callable(step_parts):
         return chooser, _verdict(False, "`step_parts` must be a function of (dp, tp, pp, zero, recompute, "
                                         "micro_batch_size)")
-    return chooser, _graded_parts_wrong(step_parts, chooser, part_within)
+    for graded, which in ((EXAMPLE, "the worked example"),
+                          (SECOND, "the second layout (dp 2, tp 4, pp 2, ZeRO-0, micro batch 1)")):
+        wrong = _parts_wrong(step_parts, graded, step_parts_of(chooser(graded)), part_within, which)
+        if wrong is not None:
+            return chooser, (wrong if wrong is False else _verdict(False, wrong))
+    return chooser, None
 
 
 def check_step_parts(step_parts, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
