@@ -219,7 +219,15 @@ class Notebook:
             time.sleep(0.2)
         assert self.panel.locator(".jp-CodeCell").count() == len(self.sources), \
             f"{path}: the page shows another number of code cells than the file has"
-        self.kernel_ids = {kernel["id"] for kernel in lab.kernels()}
+        # The page shows its cells (and an idle indicator) before the server has started the notebook's
+        # kernel; on a loaded machine that takes seconds.  The kernel whose survival the test checks is the
+        # one that exists, idle, before anything runs.
+        deadline = time.monotonic() + 120
+        while not (kernels := lab.kernels()) or any(k["execution_state"] != "idle" for k in kernels):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{path}: no idle kernel 120 s after the page opened: {kernels}")
+            time.sleep(0.5)
+        self.kernel_ids = {kernel["id"] for kernel in kernels}
 
     def cell(self, index: int):
         return self.panel.locator(".jp-CodeCell").nth(index)
