@@ -218,7 +218,7 @@ def test_wrong_claims_stay_corrected():
     assert "mesh_figure(dp=2, tp=4, ranks_per_node=4)" in model_parallel
     assert "Data parallelism crosses the network once per step" not in model_parallel
     assert "a buffer of exactly the shape and type" not in model_parallel
-    assert "the same number of elements and the same dtype" in model_parallel
+    assert "the same number of elements and dtype as what is sent" in model_parallel
 
 
 def test_lessons_import_no_rung_internals():

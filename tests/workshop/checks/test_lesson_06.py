@@ -96,13 +96,19 @@ def test_accumulation_check(capsys):
 
 def test_wrap_prediction_check(capsys):
     before, after = ["c24a29b5fafd", "e081c7c4da36"], ["c24a29b5fafd", "c24a29b5fafd"]
-    assert checks.check_wrap_prediction([before[0]] * 2, after, before)
+    assert checks.check_wrap_prediction([0, 0], after, before)  # rank numbers, as the exercise asks
     assert "rank 0's weights" in verdict(capsys)
+    assert checks.check_wrap_prediction([before[0]] * 2, after, before)  # fingerprints are taken too
+    verdict(capsys)
+    fails(capsys, checks.check_wrap_prediction([0, 1], after, before), "each rank keeps its own weights")
+    fails(capsys, checks.check_wrap_prediction([1, 1], after, before), "rank 1's weights")
+    fails(capsys, checks.check_wrap_prediction([0, 2], after, before), "names rank 2")
+    fails(capsys, checks.check_wrap_prediction(0, after, before), "give a list")
     assert checks.check_wrap_prediction(("c24a29b5fafd0123", "c24a29b5fafd"), after, before)  # longer, a tuple
     verdict(capsys)
     fails(capsys, checks.check_wrap_prediction(before, after, before), "each rank keeps its own weights")
     fails(capsys, checks.check_wrap_prediction([before[1]] * 2, after, before), "rank 1's weights")
-    fails(capsys, checks.check_wrap_prediction([before[0]], after, before), "1 fingerprint(s) for 2 ranks")
+    fails(capsys, checks.check_wrap_prediction([before[0]], after, before), "has 1 for 2 ranks")
     fails(capsys, checks.check_wrap_prediction(before[0], after, before), "give a list")
     fails(capsys, checks.check_wrap_prediction(["abc", "abc"], after, before), "not what the ranks print")
     fails(capsys, checks.check_wrap_prediction(None, after, before), "`after_wrap` is not set")

@@ -51,6 +51,14 @@ def test_zero_formula_check(capsys):
     fails(capsys, checks.check_zero_formula(lambda n, w, s: zero_solution(n, w, s)), "TypeError")
     fails(capsys, checks.check_zero_formula(untouched), "NotImplementedError")
     fails(capsys, checks.check_zero_formula(None), "not set")
+    # first_fit: 18 bytes on 8 ranks of 40 GiB fit first at stage 2 (the paper's 16 bytes would at stage 1).
+    assert checks.check_zero_formula(zero_solution, first_fit=2)
+    assert "first fit at stage 2: 30.0 GB a rank, against 56.2 GB at stage 1" in verdict(capsys)
+    fails(capsys, checks.check_zero_formula(zero_solution, first_fit=1), "at stage 1 a rank keeps 56.2 GB",
+          "count the gradients at 4 bytes")
+    fails(capsys, checks.check_zero_formula(zero_solution, first_fit=3), "stage 2 already fits")
+    fails(capsys, checks.check_zero_formula(zero_solution, first_fit="2"), "give a stage")
+    fails(capsys, checks.check_zero_formula(zero_solution, first_fit=None), "`first_fit` is not set")
 
 
 def engine_solution(num_params, world_size, stage):  # the paper's rule, this engine's bytes, after backward

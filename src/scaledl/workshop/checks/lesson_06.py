@@ -35,19 +35,29 @@ def _every_rank_ran(by_rank: list | None, what: str) -> bool:
 
 
 def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list) -> bool:
-    """Exercise 1b: the weights' fingerprints the ranks print right after `DDP(model)`, predicted from the ones
-    they printed before.  DDP's constructor broadcasts rank 0's parameters (and buffers), so every rank then
-    holds rank 0's: `[before_by_rank[0]] * world_size`."""
+    """Exercise 1b: whose weights each rank holds right after `DDP(model)`.  `predicted` lists, in rank order,
+    one rank number a rank (the rank whose weights it then holds); fingerprints, as the ranks print them, are
+    taken too.  Each rank number becomes that rank's fingerprint from before the wrap, to be compared with
+    what the ranks print after it.  DDP's constructor broadcasts rank 0's parameters (and buffers), so every
+    rank then holds rank 0's: `[0] * world_size`."""
     if predicted is None:
         return _unfinished("after_wrap")
     if not _every_rank_ran(wrapped_by_rank, "the wrap cell"):
         return False
-    if isinstance(predicted, str) or not hasattr(predicted, "__len__"):
-        return _verdict(False, f"`after_wrap` is {predicted!r}: give a list, one fingerprint a rank, in rank order")
-    predicted = [str(f)[:12] for f in predicted]
+    if isinstance(predicted, (str, int)) or not hasattr(predicted, "__len__"):
+        return _verdict(False, f"`after_wrap` is {predicted!r}: give a list, one rank number a rank, in rank order")
     wrapped, before = [str(f)[:12] for f in wrapped_by_rank], [str(f)[:12] for f in before_by_rank]
     if len(predicted) != len(wrapped):
-        return _verdict(False, f"{len(predicted)} fingerprint(s) for {len(wrapped)} ranks: give one a rank")
+        return _verdict(False, f"give one entry a rank: your list has {len(predicted)} for {len(wrapped)} ranks")
+    as_fingerprints = []
+    for entry in predicted:
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            if not 0 <= entry < len(before):
+                return _verdict(False, f"your list names rank {entry}, but the ranks are 0 to {len(before) - 1}")
+            as_fingerprints.append(before[entry])
+        else:
+            as_fingerprints.append(str(entry)[:12])
+    predicted = as_fingerprints
     if predicted == wrapped:
         return _verdict(True, f"right after the wrap every rank holds rank 0's weights ({wrapped[0]}): DDP's "
                               "constructor broadcast them, so that every copy starts equal")
@@ -57,8 +67,8 @@ def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list
     if len(set(predicted)) == 1 and predicted[0] in before:
         return _verdict(False, f"every rank holds rank {before.index(predicted[0])}'s weights in your list: "
                                "which rank's does the constructor broadcast?")
-    return _verdict(False, "your list is not what the ranks print: each fingerprint after the wrap is one of "
-                           "those printed before it")
+    return _verdict(False, "your list is not what the ranks print: after the wrap each rank holds the weights "
+                           "that one of the ranks built")
 
 
 def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02) -> bool:

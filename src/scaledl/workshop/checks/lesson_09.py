@@ -18,16 +18,23 @@ _NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer 
 _BYTE_CASES = [(2, 2, 12), (2, 4, 12)]
 
 
-def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
+# Exercise 1's case the text does not work: 7.5B parameters at 18 bytes on 8 ranks of a Polaris A100's 40 GiB.
+_FIT_PARAMS, _FIT_RANKS, _FIT_BYTES, _FIT_SIZES = 7_500_000_000, 8, 40 * 2**30, (2, 4, 12)
+
+
+def check_zero_formula(bytes_per_rank, world_size: int = 8, first_fit=_NOT_GIVEN) -> bool:
     """`bytes_per_rank(num_params, world_size, stage, params=2, grads=2, optimizer=12) -> {"params", "grads",
     "optimizer"}`, counted during backward as the paper counts them, for the bytes per parameter given:
     checked part by part for the paper's mixed-precision Adam (2 + 2 + 12) and for fp32 gradients
     (2 + 4 + 12 = 18), so that partitioning the parameters where the gradients belong fails, and so does a
-    function that ignores the bytes it is given."""
+    function that ignores the bytes it is given. Then, when given, `first_fit`: the lowest stage at which
+    7.5B parameters at 18 bytes fit on 8 ranks of 40 GiB (1 with the paper's 16 bytes, 2 with 18)."""
     from scaledl import zero_memory
 
     if bytes_per_rank is None:
         return _unfinished("bytes_per_rank")
+    if first_fit is None:
+        return _unfinished("first_fit")
     num_params = 7_500_000_000  # the paper's 7.5B-parameter example
     for sizes in _BYTE_CASES:
         label = f"{' + '.join(map(str, sizes))} = {sum(sizes)} bytes per parameter"
@@ -54,8 +61,25 @@ def check_zero_formula(bytes_per_rank, world_size: int = 8) -> bool:
                 return _verdict(False, f"{label}, stage {stage}: {_NAMES[key]} {got[key] / 1e9:g} GB, expected "
                                        f"{want[key] / 1e9:g} GB: {per_param} bytes per parameter, the argument "
                                        f"`{key}`, times the parameters this rank keeps")
-    return _verdict(True, "all four stages, part by part, for the paper's 16 bytes per parameter and for 18 with "
-                          "fp32 gradients: partitioned optimizer states, then gradients, then parameters")
+    passed = ("all four stages, part by part, for the paper's 16 bytes per parameter and for 18 with fp32 gradients: "
+              "partitioned optimizer states, then gradients, then parameters")
+    if first_fit is _NOT_GIVEN:
+        return _verdict(True, passed)
+    per_stage = [zero_memory.predict(_FIT_PARAMS, _FIT_RANKS, stage, *_FIT_SIZES)["total"] for stage in range(4)]
+    want = min(stage for stage in range(4) if per_stage[stage] <= _FIT_BYTES)
+    limit = f"{_FIT_BYTES / 1e9:.1f} GB (40 GiB)"
+    if first_fit == want:
+        return _verdict(True, f"{passed}; and 18 bytes per parameter first fit at stage {want}: "
+                              f"{per_stage[want] / 1e9:.1f} GB a rank, against {per_stage[want - 1] / 1e9:.1f} GB "
+                              f"at stage {want - 1}, in {limit}")
+    if first_fit not in range(4):
+        return _verdict(False, f"first_fit = {first_fit!r}: give a stage, 0 to 3")
+    if first_fit < want:
+        return _verdict(False, f"first_fit = {first_fit}: at stage {first_fit} a rank keeps "
+                               f"{per_stage[first_fit] / 1e9:.1f} GB, more than {limit}; count the gradients at "
+                               f"4 bytes, not 2")
+    return _verdict(False, f"first_fit = {first_fit}: stage {want} already fits, with "
+                           f"{per_stage[want] / 1e9:.1f} GB a rank in {limit}")
 
 
 # After backward, before the optimizer step, where `zero_memory.measure` counts: stages 1 and 2 have both reduced the
