@@ -1,6 +1,9 @@
 """What a learner reads in a committed notebook is the lesson's output, not noise: no stderr
 (warnings, library log lines, link errors) in any stored output, unless the cell is tagged
-`show-stderr` because the stderr is the point."""
+`show-stderr` because the stderr is the point; and a number one lesson quotes from another's stored
+output is the one that lesson stores."""
+import re
+
 import nbformat
 import pytest
 
@@ -51,3 +54,27 @@ def test_stderr_is_found_in_both_forms_and_a_tag_lets_it_show(tmp_path):
     notebook.cells[1].metadata["tags"] = [TAG]
     nbformat.write(notebook, path)
     assert untagged_stderr(path) == []
+
+
+def stored_text(path) -> str:
+    """Every stored text output of a notebook, stream and plain-text display alike."""
+    texts = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") or output.get("data", {}).get("text/plain", "")
+            texts.append("".join(text) if isinstance(text, list) else text)
+    return "\n".join(texts)
+
+
+def test_lesson_7_quotes_the_fit_lesson_3_stores():
+    """Lesson 7 sets its per-call overhead beside lesson 3's alpha, read from lesson 3's stored output when it
+    runs: a lesson 3 re-executed after lesson 7 leaves two different fits on the path for one run."""
+    fit = re.search(r"measured here: alpha (\d+) us, beta ([\d.]+) GB/s", stored_text(ROOT / "solutions" /
+                                                                                       "03_collectives.ipynb"))
+    assert fit, "lesson 3 stores no 'measured here: alpha .. us, beta .. GB/s' line"
+    quoted = re.search(r"^3 .*\balpha\b\D*?(\d+)\s+([\d.]+)\s*$",
+                       stored_text(ROOT / "solutions" / "07_scaling.ipynb"), re.M)
+    assert quoted, "lesson 7 stores no row for lesson 3's alpha"
+    assert quoted.groups() == fit.groups(), \
+        f"lesson 7 quotes alpha {quoted[1]} us, {quoted[2]} GB/s; lesson 3 stores {fit[1]} us, {fit[2]} GB/s: " \
+        "re-execute lesson 7 after lesson 3"

@@ -108,7 +108,7 @@ def test_parallelism_choice_check(capsys):
     assert "PASS: all 7 cases" in verdict(capsys)
     fails(capsys, checks.check_parallelism_choice(None), "`choose` is not set")
     fails(capsys, checks.check_parallelism_choice(choose_with(bytes_per_param=4)), "you said data",
-          "16 bytes a parameter")
+          "16 bytes per parameter")
     fails(capsys, checks.check_parallelism_choice(choose_with(activations=False)), "you said data",
           "count every byte")
     fails(capsys, checks.check_parallelism_choice(choose_with(divide_states=False)), "you said beyond sharding",

@@ -127,7 +127,7 @@ def test_uneven_step_check(capsys):
     """Exercise 1b's second answer: rank 1's weights minus rank 0's after the uneven step, as k x lr x g."""
     measured = uneven_reports()
     assert checks.check_uneven_step(-1, measured)
-    assert "-1.000 x lr x g" in verdict(capsys)
+    assert "-1.000 x 0.1 x g" in verdict(capsys)
     assert checks.check_uneven_step(-1.01, measured)  # within the tolerance
     verdict(capsys)
     # The guess that DDP keeps the weights equal whatever the optimizers do.

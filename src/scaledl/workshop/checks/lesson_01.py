@@ -9,7 +9,7 @@ from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verd
 def check_training_memory(memory, num_params: int) -> bool:
     """Bytes to train `num_params` parameters with Adam in mixed precision, as the ZeRO paper
     (section 3.1) and DeepSpeed count it: 16-bit parameters and gradients (2 bytes each), and in
-    fp32 the optimizer's master copy of the weights, momentum and variance (4 + 4 + 4): 16 bytes a
+    fp32 the optimizer's master copy of the weights, momentum and variance (4 + 4 + 4): 16 bytes per
     parameter, as many as in fp32."""
     if memory is None:
         return _unfinished("memory")
@@ -22,8 +22,8 @@ def check_training_memory(memory, num_params: int) -> bool:
         if math.isclose(got, want[key] * 8):
             return _verdict(False, f"{name}: {got:.3g} is in bits: count bytes, 2 for each 16-bit number")
         if math.isclose(got, want[key] * 2):
-            return _verdict(False, f"{name}: {got:.3g} bytes counts 4 bytes a number, fp32: forward and backward "
-                                   "work on a 16-bit copy here, 2 bytes a number")
+            return _verdict(False, f"{name}: {got:.3g} bytes counts 4 bytes per number, fp32: forward and backward "
+                                   "work on a 16-bit copy here, 2 bytes per number")
         if math.isclose(got, want[key] / 1e9):
             return _verdict(False, f"{name}: {got:.3g} looks like GB: give bytes (the check divides by 1e9 itself)")
         if not math.isclose(got, want[key]):
@@ -33,13 +33,13 @@ def check_training_memory(memory, num_params: int) -> bool:
     if math.isclose(got, 12 * num_params * 8):
         return _verdict(False, "optimizer: that is in bits: count bytes, 4 for each fp32 number")
     if math.isclose(got, 8 * num_params):
-        return _verdict(False, "optimizer: Adam's momentum and variance are 8 bytes a parameter; the optimizer also "
+        return _verdict(False, "optimizer: Adam's momentum and variance are 8 bytes per parameter; the optimizer also "
                                "keeps an fp32 master copy of the weights: 4 more")
     if math.isclose(got, 6 * num_params):
-        return _verdict(False, "optimizer: three numbers a parameter is right, but the optimizer keeps them in fp32, "
+        return _verdict(False, "optimizer: three numbers per parameter is right, but the optimizer keeps them in fp32, "
                                "4 bytes each")
     if math.isclose(got, 4 * num_params):
-        return _verdict(False, "optimizer: that is one fp32 number (or two 16-bit ones) a parameter: it keeps three "
+        return _verdict(False, "optimizer: that is one fp32 number (or two 16-bit ones) per parameter: it keeps three "
                                "fp32 numbers: the master copy of the weights, momentum and variance")
     if math.isclose(got, 0):
         return _verdict(False, "optimizer: the optimizer's states are memory too: the master copy, momentum and "
@@ -51,7 +51,7 @@ def check_training_memory(memory, num_params: int) -> bool:
                                "per parameter")
     total = sum(want.values())
     return _verdict(True, f"{total / 1e9:.0f} GB of model states before a single activation: 2 + 2 + 12 = 16 bytes "
-                          "a parameter, as many as in fp32")
+                          "per parameter, as many as in fp32")
 
 
 def _training_days(num_params: float, num_tokens: float, peak_flops: float, utilization: float, num_gpus: int) -> float:
@@ -175,8 +175,8 @@ def check_parallelism_choice(choose) -> bool:
             why = (f"{state_gb:g} GB of model states + {act_gb:g} GB of activations fit one GPU: plain data "
                    "parallelism is enough (sharding would only add communication)")
         elif want == "sharded" and answer == "data":
-            why = (f"{state_gb:g} GB of model states (16 bytes a parameter) + {act_gb:g} GB of activations do not fit "
-                   f"{device_gb:g} GB: count every byte training keeps")
+            why = (f"{state_gb:g} GB of model states (16 bytes per parameter) + {act_gb:g} GB of activations do not "
+                   f"fit {device_gb:g} GB: count every byte training keeps")
         elif want == "sharded":
             why = (f"sharded over {world_size} ranks the states take {state_gb / world_size:g} GB, + {act_gb:g} GB of "
                    "activations: that fits, so ZeRO-3/FSDP is enough without splitting the model")
@@ -190,5 +190,5 @@ def check_parallelism_choice(choose) -> bool:
                    f"{too_big} over {device_gb:g} GB: sharding alone is not enough (recompute the activations or split "
                    "the model)")
         return _verdict(False, f"{case}: you said {answer}, the answer is {want}: {why}")
-    return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes a parameter) plus activations "
+    return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes per parameter) plus activations "
                           "decide data, sharded (1/world_size of the states) or beyond sharding")

@@ -74,7 +74,8 @@ def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list
 def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02) -> bool:
     """Exercise 1b's second answer: after a DDP step in which rank 0's plain SGD uses lr and the other ranks'
     use 2 lr, rank 1's weights minus rank 0's are k x lr x g, with g the gradient rank 0 holds after the step's
-    backward.  `predicted` is k.  Each rank gives {"lr": its learning rate, "grads": a fingerprint of its .grad,
+    backward (the verdicts write rank 0's lr as a number).
+    `predicted` is k.  Each rank gives {"lr": its learning rate, "grads": a fingerprint of its .grad,
     "grad": its .grad flattened, "step": its weights after the step minus before, flattened}.  DDP averages the
     gradients in every backward and sends the weights only at construction, so the ranks start the step equal,
     hold the same g, and rank 1 moves lr x g further than rank 0: k = -1."""
@@ -84,20 +85,21 @@ def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02
         return _unfinished("weight_gap")
     if not _every_rank_ran(measured_by_rank, "the uneven step"):
         return False
+    lr = measured_by_rank[0]["lr"]  # rank 0's: the verdicts write k x 0.1 x g, as the lesson does
     if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
-        return _verdict(False, f"`weight_gap` is {predicted!r}: give one number, k in k x lr x g")
+        return _verdict(False, f"`weight_gap` is {predicted!r}: give one number, k in k x {lr:g} x g")
     if len({m["grads"] for m in measured_by_rank}) != 1:
         return _verdict(False, "the ranks hold different gradients after the uneven step's backward: run the cells "
                                "from the wrap on, in order, so that the model is wrapped in DDP")
     first, second = measured_by_rank[0], measured_by_rank[1]
     gradient = np.asarray(first["grad"], dtype=np.float64)
     gap = np.asarray(second["step"], dtype=np.float64) - np.asarray(first["step"], dtype=np.float64)
-    measured = float(gap @ gradient / (first["lr"] * (gradient @ gradient)))
+    measured = float(gap @ gradient / (lr * (gradient @ gradient)))
     if abs(predicted - measured) <= tolerance * max(1.0, abs(measured)):
-        return _verdict(True, f"rank 1's weights minus rank 0's are {measured:.3f} x lr x g: both ranks held the "
-                              "same averaged g and the same weights before the step, and rank 1's optimizer moved "
-                              "its copy a further lr x g against g. DDP sends the weights only at construction, so "
-                              "nothing pulls that copy back")
+        return _verdict(True, f"rank 1's weights minus rank 0's are {measured:.3f} x {lr:g} x g: both ranks held "
+                              "the same averaged g and the same weights before the step, and rank 1's optimizer "
+                              f"moved its copy a further {lr:g} x g against g. DDP sends the weights only at "
+                              "construction, so nothing pulls that copy back")
     if predicted == 0:
         hint = ("you predicted equal weights: does DDP send anything after its constructor other than the "
                 "gradients, and what does each rank's optimizer then do with them?")
@@ -106,7 +108,7 @@ def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02
     else:
         hint = ("not what the ranks hold: start from the weights every rank holds before the uneven step, and take "
                 "each rank's step with its own learning rate and the gradient it holds after backward")
-    return _verdict(False, f"you predicted {predicted:g} x lr x g: {hint}")
+    return _verdict(False, f"you predicted {predicted:g} x {lr:g} x g: {hint}")
 
 
 # (local rank, the GPUs its process sees, as CUDA_VISIBLE_DEVICES lists them, what the case is,
