@@ -56,6 +56,7 @@ on_time_limit() {
 }
 trap on_time_limit USR1
 for nodes in "${node_counts[@]}"; do
+    if [ -n "$requeue" ]; then break; fi  # the warning came: start nothing more
     out="runs/fsdp/${nodes}nodes"
     # A requeued or resubmitted job goes on from the checkpoint its last run left there.
     resume=()
@@ -65,7 +66,17 @@ for nodes in "${node_counts[@]}"; do
     launch_pid=$!
     status=0
     wait "$launch_pid" || status=$?
-    if [ -n "$requeue" ]; then wait "$launch_pid" || true; break; fi
+    if [ -n "$requeue" ]; then
+        # Ranks still starting when the warning came missed it: pass it on until they stop.
+        while kill -0 "$launch_pid" 2>/dev/null; do
+            sleep 5
+            if kill -0 "$launch_pid" 2>/dev/null; then
+                scancel --signal=USR1 "$SLURM_JOB_ID"
+            fi
+        done
+        wait "$launch_pid" || true
+        break
+    fi
     if [ "$status" -ne 0 ]; then exit "$status"; fi
 done
 if [ -n "$requeue" ]; then

@@ -186,12 +186,14 @@ def logged_steps(metrics: Path) -> list[list[int]]:
 
 
 def test_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_from_it(slurm_cluster, cpu_jobs, tmp_path):
-    # A 1-minute limit with the warning 50 s before it (the script's own is 120 s before 30 min).  No
-    # --checkpoint-every: the only checkpoint is the one the ranks save when the warning comes.
+    # A 2-minute limit with the warning 75 s before it (the script's own is 120 s before 30 min).  Slurm sends
+    # it at its first 30-s check once fewer than 75 + 30 s remain (send_job_warn_signal, job_mgr.c): 15-45 s
+    # in, after the ranks have started (a 1-minute limit with 50 s let it come at once, before the launch).
+    # No --checkpoint-every: the only checkpoint is the one the ranks save when the warning comes.
     flags = "--epochs 500 --train-limit 2048 --log-interval 4"
     job_id, _ = submit(slurm_cluster, cpu_jobs / "ddp.sh", tmp_path, wait=False,
-                       options=["--time=1", "--signal=B:USR1@50"], SCALEDL_RUN_FLAGS=flags)
-    deadline = time.monotonic() + 150
+                       options=["--time=2", "--signal=B:USR1@75"], SCALEDL_RUN_FLAGS=flags)
+    deadline = time.monotonic() + 180
     while not ((requeued := slurm_cluster.job(job_id)).get("Restarts", "0") != "0"
                and requeued.get("JobState") == "PENDING"):
         assert time.monotonic() < deadline, f"job {job_id} never requeued: {requeued}"
@@ -208,7 +210,7 @@ def test_time_limit_warning_saves_a_checkpoint_and_the_requeued_job_resumes_from
     output = next(tmp_path.glob(f"*-{job_id}.out")).read_text()
     first, second = logged_steps(metrics)
     saved = re.search(r"saved a checkpoint at step (\d+) on SIGUSR1", output)
-    print(f"job {job_id} (ddp.sh, --time=1 --signal=B:USR1@50): {requeued['JobState']} after the warning, "
+    print(f"job {job_id} (ddp.sh, --time=2 --signal=B:USR1@75): {requeued['JobState']} after the warning, "
           f"Restarts={requeued['Restarts']}; saved at step {saved and saved.group(1)} (last logged {first[-1]}), "
           f"resumed with first logged step {second[0]}")
     before, after = output.split("time limit near: the ranks save a checkpoint and stop", 1)

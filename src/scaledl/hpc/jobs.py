@@ -226,11 +226,27 @@ SLURM_TIME_LIMIT = (
     "    scancel --signal=USR1 \"$SLURM_JOB_ID\"  # the job's steps (the ranks), not this script\n"
     "}\n"
     "trap on_time_limit USR1\n")
+# Slurm sends the warning at its first time-limit check (every 30 s) once fewer than the warning's seconds
+# plus 30 remain (send_job_warn_signal in src/slurmctld/job_mgr.c; sbatch(1): "up to 60 seconds earlier"),
+# so it may come before a launch, between two launches of a sweep, or while the ranks are still starting:
+# no launch starts after it, and it is passed on again until the launch has ended (a rank that was not yet
+# listening would otherwise run on into the limit; one that did not yet handle it ends, and the job requeues).
+SLURM_LOOP_START = "    if [ -n \"$requeue\" ]; then break; fi  # the warning came: start nothing more\n"
 SLURM_LAUNCH_END = (" &\n"
                     "    launch_pid=$!\n"
                     "    status=0\n"
                     "    wait \"$launch_pid\" || status=$?\n"
-                    "    if [ -n \"$requeue\" ]; then wait \"$launch_pid\" || true; break; fi\n"
+                    "    if [ -n \"$requeue\" ]; then\n"
+                    "        # Ranks still starting when the warning came missed it: pass it on until they stop.\n"
+                    "        while kill -0 \"$launch_pid\" 2>/dev/null; do\n"
+                    "            sleep 5\n"
+                    "            if kill -0 \"$launch_pid\" 2>/dev/null; then\n"
+                    "                scancel --signal=USR1 \"$SLURM_JOB_ID\"\n"
+                    "            fi\n"
+                    "        done\n"
+                    "        wait \"$launch_pid\" || true\n"
+                    "        break\n"
+                    "    fi\n"
                     "    if [ \"$status\" -ne 0 ]; then exit \"$status\"; fi")
 SLURM_AFTER_LOOP = ("\nif [ -n \"$requeue\" ]; then\n"
                     "    scontrol requeue \"$SLURM_JOB_ID\"\n"
@@ -281,6 +297,7 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
         "node_counts": SWEEP_NODE_COUNTS if job.sweep else RUNG_NODE_COUNTS,
         "target": shlex.join(job.target),
         "time_limit": "" if pbs else SLURM_TIME_LIMIT,
+        "loop_start": "" if pbs else SLURM_LOOP_START,
         "launch_end": "" if pbs else SLURM_LAUNCH_END,
         "after_loop": "" if pbs else SLURM_AFTER_LOOP,
         "comm": (f" and exports {job.system}'s recommended\n# communication variables unless you set them first; "
