@@ -27,11 +27,14 @@ def test_self_time_by_kind_sums_the_operators_rows_only():
 
 def test_gap_split_divides_the_self_time_per_step(capsys):
     total, share = step_profile.self_time_by_kind(EVENTS, "self_cpu_time_total")
-    profile = step_profile.StepProfile(EVENTS, "self_cpu_time_total", total * 1000, share, 5)  # 100 ms in 5 steps
+    profile = step_profile.StepProfile(EVENTS, "self_cpu_time_total", total * 1000, share, 5,  # 100 ms in 5 steps
+                                       table_us=110e3)  # the table's total also counts rows that are not operators
     split = step_profile.gap_split(profile, flops=0.9e9, throughput=100e9, predicted_s=0.009)
     assert split["flop_ops_s"] == pytest.approx(0.009) and split["other_s"] == pytest.approx(0.011)
     assert split["rate"] == pytest.approx(100e9)
     out = capsys.readouterr().out
+    assert "which the split sums: 20.00 ms per step; the table's Self CPU time total, 110.000 ms over 5 steps: " \
+           "22.00 ms per step" in out
     assert "45% of the self time" in out and "100% of the large matmul's rate" in out
     assert "the larger part of the gap: the operators without FLOPs" in out
 
@@ -63,6 +66,16 @@ def test_profile_steps_profiles_a_real_step(capsys):
     assert all(profile.share[kind] > 0 for kind in step_profile.KINDS)
     assert sum(profile.share.values()) <= 1 + 1e-9
     assert "operators' CPU self time by kind" in capsys.readouterr().out
+    assert profile.table_us == pytest.approx(sum(event.self_cpu_time_total for event in profile.events))
+    assert profile.table_us >= profile.total_us  # the table also counts autograd's rows
+
+
+def test_table_total_on_a_gpu_sums_the_device_rows_only():
+    from torch.autograd import DeviceType
+
+    rows = [SimpleNamespace(key="aten::mm", device_type=DeviceType.CPU, self_device_time_total=30.0),
+            SimpleNamespace(key="ampere_sgemm", device_type=DeviceType.CUDA, self_device_time_total=30.0)]
+    assert step_profile.table_total(rows, "self_device_time_total") == 30.0
 
 
 def test_lesson_2s_run_calls_are_the_rungs():

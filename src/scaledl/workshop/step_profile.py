@@ -3,10 +3,12 @@
 `profile_steps` runs a step a few times under `torch.profiler`, prints the operators sorted by
 self time, then their self time summed by kind (convolutions, pooling, matrix multiplies, the
 optimizer's step). Only the operators' rows ("aten::...", "Optimizer....") are summed: a GPU
-kernel's row holds the same time again. `gap_split` divides that self time into the operators
-that do the counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part
-of the step's gap over its FLOP floor is larger. `a100_ceiling` divides the step's FLOPs, by kind,
-by NVIDIA's published A100 peaks (not measured) at the precision this torch allows for each kind.
+kernel's row holds the same time again. `gap_split` sets that sum beside the table's own total
+(which also counts the rows that are not operators, such as autograd's `...Backward0`), divides it
+into the operators that do the counted FLOPs (convolutions and matrix multiplies) and the rest, and
+says which part of the step's gap over its FLOP floor is larger. `a100_ceiling` divides the
+step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
+allows for each kind.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class StepProfile:
     total_us: float  # the operators' self time, summed, in microseconds
     share: dict  # kind -> its fraction of total_us
     num_steps: int
+    table_us: float | None = None  # the total the table prints under its rows, in microseconds
 
 
 def self_time_by_kind(events, sort_by: str) -> tuple[float, dict]:
@@ -41,6 +44,17 @@ def self_time_by_kind(events, sort_by: str) -> tuple[float, dict]:
     share = {kind: sum(getattr(event, sort_by) for event in operators if match(event.key)) / total
              for kind, match in KINDS.items()}
     return total, share
+
+
+def table_total(events, sort_by: str) -> float:
+    """The total the profiler's table prints under its rows (torch/autograd/profiler_util.py,
+    `_build_table`): every row's self CPU time, or on a GPU the self time of the device's rows (the
+    kernels)."""
+    if sort_by == "self_cpu_time_total":
+        return sum(event.self_cpu_time_total for event in events)
+    from torch.autograd import DeviceType
+
+    return sum(event.self_device_time_total for event in events if event.device_type != DeviceType.CPU)
 
 
 def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8) -> StepProfile:
@@ -63,7 +77,7 @@ def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8) -> StepP
     total, share = self_time_by_kind(events, sort_by)
     print(f"operators' {'GPU' if on_gpu else 'CPU'} self time by kind: "
           + ", ".join(f"{kind} {value:.0%}" for kind, value in sorted(share.items(), key=lambda item: -item[1])))
-    return StepProfile(events, sort_by, total, share, num_steps)
+    return StepProfile(events, sort_by, total, share, num_steps, table_total(events, sort_by))
 
 
 def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s: float) -> dict:
@@ -73,9 +87,17 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
     flop_ops_s = flop_share * profile.total_us / 1e6 / profile.num_steps
     other_s = (1 - flop_share) * profile.total_us / 1e6 / profile.num_steps
     rate = flops / flop_ops_s
-    print(f"convolutions and matrix multiplies: {flop_share:.0%} of the self time, {flop_ops_s * 1e3:.2f} ms a step, "
+    if profile.table_us is not None:
+        on_cpu = profile.sort_by == "self_cpu_time_total"
+        steps = profile.num_steps
+        print(f"the operators' rows, which the split sums: {profile.total_us / 1e3 / steps:.2f} ms per step; "
+              f"the table's {'Self CPU' if on_cpu else 'device'} time total, {profile.table_us / 1e3:.3f} ms over "
+              f"{steps} steps: {profile.table_us / 1e3 / steps:.2f} ms per step"
+              + (" (it also counts rows that are not operators, such as autograd's `...Backward0`)" if on_cpu
+                 else " (the kernels' rows)"))
+    print(f"convolutions and matrix multiplies: {flop_share:.0%} of the self time, {flop_ops_s * 1e3:.2f} ms per step, "
           f"{rate / 1e9:,.1f} GFLOP/s ({rate / throughput:.0%} of the large matmul's rate)")
-    print(f"all other operators: {1 - flop_share:.0%} of the self time, {other_s * 1e3:.2f} ms a step, "
+    print(f"all other operators: {1 - flop_share:.0%} of the self time, {other_s * 1e3:.2f} ms per step, "
           "for 0 counted FLOPs")
     larger = ("the operators without FLOPs (pooling, elementwise, the optimizer)" if other_s > flop_ops_s - predicted_s
               else "the products running below the large matmul's rate")

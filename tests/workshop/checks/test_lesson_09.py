@@ -86,7 +86,7 @@ def test_engine_bytes_check(capsys):
     fails(capsys, checks.check_engine_bytes(paper_stages), "stage 1", "after backward", "kept only this rank's part")
     # The paper's mixed-precision Adam, copied from exercise 1.
     fails(capsys, checks.check_engine_bytes(zero_solution), "stage 0", "fp32, 4 bytes")
-    # DeepSpeed's fp32 copy encoded from stage 1 on: the row after the check adds it, not the paper's rule.
+    # DeepSpeed's fp32 copy encoded from stage 1 on: the table after the check adds it, not the paper's rule.
     fails(capsys, checks.check_engine_bytes(changed("optimizer", lambda n, w, s: 8 * n / w)),
           "stage 1", "DeepSpeed's own", "leave it out")
     # The copy at stage 0 too.

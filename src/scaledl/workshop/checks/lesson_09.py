@@ -122,7 +122,7 @@ def check_engine_bytes(engine_bytes_per_rank, world_size: int = 4) -> bool:
             if key == "optimizer" and close(got[key], 8 * full):
                 return _verdict(False, f"stage {stage}: SGD with momentum keeps 4 bytes per parameter. An fp32 copy "
                                        "of the weights on top is DeepSpeed's own, not the paper's rule: leave it out, "
-                                       "the row after this check adds it to your numbers")
+                                       "the table after this check adds it to your numbers")
             if key == "optimizer" and close(got[key], 12 * full):
                 return _verdict(False, f"stage {stage}: 12 bytes of optimizer state is Adam's: the DeepSpeed engine "
                                        "runs SGD with momentum")
