@@ -72,7 +72,7 @@ CASES = {
                                    "    tdist.send(activations.detach(), dst=0)", "not `activations`"),
     # The capstone: tensor parallelism across nodes.
     "layout_tp_across_nodes": ("14_layouts",
-                               'layout = {"dp": 8, "tp": 1, "pp": 2, "zero": 0, "recompute": "none", '
+                               'layout = {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", '
                                '"micro_batch_size": 1}',
                                'layout = {"dp": 2, "tp": 8, "pp": 1, "zero": 1, "recompute": "none", '
                                '"micro_batch_size": 1}', "stays inside a node"),

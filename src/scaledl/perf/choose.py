@@ -27,7 +27,9 @@ Time per step:
   (Megatron-LM's count, Shoeybi et al. 2019, section 3), inside a node, not overlapped;
 - pipeline: each micro batch's activations sent to the next stage and its gradient back;
 - data parallelism: `predict.exposed_comm_s` for DDP (stage 0) and ZeRO 1-3, the reduction once a
-  step overlapping the last micro batch's backward (ZeRO-3 gathers the weights every micro batch).
+  step (ZeRO-3 gathers the weights every micro batch); only stage 0 without a pipeline (DDP) hides it
+  behind the last micro batch's backward: a DeepSpeed pipeline reduces after that backward
+  (deepspeed/runtime/pipe/schedule.py, `TrainSchedule` ends with ReduceGrads), hiding nothing.
   A ring that leaves a node shares the node's injection bandwidth with the node's other dp rings.
 DeepSpeed refuses ZeRO-2 and -3 with pipeline parallelism ("ZeRO-2 and ZeRO-3 are incompatible with
 pipeline parallelism", deepspeed/runtime/pipe/engine.py, 0.19.8): those layouts are left out.
@@ -130,6 +132,8 @@ def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, gl
                                system.inter.overlaps)
     one_backward = compute_s / micro_batches * predict.BACKWARD_FRACTION
     strategy = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    if stage == 0 and pp > 1:  # DeepSpeed's pipe TrainSchedule reduces after the last backward: ReduceGrads()
+        strategy = "ddp_no_overlap"
     dp_s = predict.exposed_comm_s(strategy, held * grad, dp, dp_link, one_backward) if dp > 1 else 0.0
     if stage == 3:
         dp_s *= micro_batches  # the weights gathered again for every micro batch

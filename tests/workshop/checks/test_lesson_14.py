@@ -11,15 +11,21 @@ def layout(**changes):
     return {"dp": 16, "tp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch_size": 1, **changes}
 
 
+def row_of(layout):
+    """The chooser's row of `layout` (scaledl.perf.choose.evaluate)."""
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    return choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
+                           *(layout[key] for key in ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")))
+
+
 def parts_of(layout, **changes):
     """The chooser's predicted step of `layout`, part by part: what a learner's table comes to; `changes` scale
     parts (a wrong part)."""
-    from scaledl import models
-    from scaledl.perf import choose, predict
     from scaledl.workshop.checks.lesson_14 import step_parts_of
 
-    row = choose.evaluate(models.GPT_PRESETS["gpt3-2.7b"], predict.POLARIS, choose.DEVICES["polaris"], 4, 512,
-                          *(layout[key] for key in ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")))
+    row = row_of(layout)
     parts = step_parts_of(row)
     assert sum(parts.values()) == pytest.approx(row["step_s"], rel=1e-12)
     return {key: value * changes.get(key, 1.0) for key, value in parts.items()}
@@ -35,27 +41,34 @@ def check(layout, step_parts=None):
 
 
 def test_layout(capsys):
-    # The set the model cannot tell apart: 8 layouts within 0.5% of the fastest, the next 1% behind.
+    # The set the model cannot tell apart: 6 layouts within 0.5% of the fastest, the next 0.55% behind.
     assert check(layout())
-    assert "one of the 8 layouts within 0.5% of the fastest" in verdict(capsys)
-    assert check(layout(dp=8, pp=2, zero=0))  # the predictor's fastest: ZeRO-0's exposed-time rule, pp on NVLink
+    assert "one of the 6 layouts within 0.5% of the fastest" in verdict(capsys)
+    assert check(layout(zero=2))  # the chooser's first: as fast as ZeRO-1, less memory
     verdict(capsys)
+    # DDP on 2 stages: DeepSpeed's pipeline reduces after its last backward, so its bubble is not repaid.
+    fails(capsys, check(layout(dp=8, pp=2, zero=0)), "0.55% slower", "its pipeline's bubble")
     assert check(layout(zero=2, micro_batch_size=4))  # ZeRO-2, 4 sequences at once: as fast, more memory
     verdict(capsys)
     # A realistic wrong answer is told its symptom, never the fastest layout nor a part's value.
-    fastest = "dp 8, tp 1, pp 2"
+    fastest = "dp 16, tp 1, pp 1"
     for wrong, symptom in ((layout(dp=2, tp=8), "stays inside a node"),  # tp across nodes
                            (layout(micro_batch_size=8), "the activations 40.2 GiB"),  # does not fit
                            (layout(zero=0), "the state takes 37.6 GiB"),  # plain DDP: 16 bytes a parameter
                            (layout(dp=4, pp=4, zero=0), "its pipeline's bubble"),  # more stages than fitting needs
-                           (layout(dp=1, pp=16, zero=0), "its pipeline's sends"),
                            (layout(dp=4, tp=2, pp=2), "tensor parallelism's all-reduces"),  # the worked example
                            (layout(recompute="full"), "fits without recomputation"),
-                           (layout(dp=8, pp=2), "ZeRO-1 runs its all-reduce and all-gather after the backward"),
                            (layout(zero=3), "ZeRO-3 gathers the weights for every micro batch")):
         line = fails(capsys, check(wrong), symptom)
-        assert fastest not in line and "zero 0" not in line, line  # the fastest layout stays unnamed
-    fails(capsys, check(layout(dp=4, pp=4, zero=0)), "1.0% slower", "beyond the 0.5%")
+        assert fastest not in line and "zero 1" not in line, line  # the fastest layout stays unnamed
+    fails(capsys, check(layout(dp=4, pp=4, zero=0)), "1.1% slower", "beyond the 0.5%")
+    # Symptoms no wrong answer reaches here, where the fastest has no pipeline: against a 2-stage pipeline's row.
+    from scaledl.workshop.checks.lesson_14 import _slower_because
+
+    piped = row_of(layout(dp=8, pp=2, zero=0))
+    assert "its pipeline's sends" in _slower_because(row_of(layout(dp=1, pp=16, zero=0)), piped, True)
+    assert "ZeRO-1 runs its all-reduce and all-gather after the backward" in _slower_because(
+        row_of(layout(dp=8, pp=2)), piped, True)
     fails(capsys, check(layout(recompute="full", micro_batch_size=8)), "adds a third to the compute")
     check(layout(recompute="full", micro_batch_size=8))
     assert "fits without recomputation" not in verdict(capsys)  # 8 sequences need it
@@ -69,7 +82,7 @@ def test_layout(capsys):
                  "the worked example")
     assert "0.2" not in line and "0.3" not in line, line
     # Right on the worked example, wrong on the second layout, whose parts the lesson does not print: ZeRO-0's
-    # bucket rule, or pp's sends kept on NVLink when tp x pp spans two nodes.
+    # rule (no overlap in a pipeline), or pp's sends kept on NVLink when tp x pp spans two nodes.
     only_zero0 = lambda **lay: parts_of(lay, dp=1.5 if lay["zero"] == 0 else 1.0)  # noqa: E731
     line = fails(capsys, check(layout(dp=8, pp=2, zero=0), only_zero0), "the second layout", "5. dp's communication")
     assert "worked example" not in line, line
@@ -231,7 +244,8 @@ def test_memory_per_rank(capsys):
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, sharded=(9, 9, 9))), "at ZeRO-",
           "over 16 ranks")
     # Every micro batch of the step held at once, or one only, with a pipeline.
-    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: m)), "pp=2")
+    fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: m if pp > 1 else 1)),
+          "pp=2")
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: 1)), "pp=2")
     # pp micro batches in flight even where the step has fewer: only a short step shows it.
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: pp if pp > 1 else 1)),
