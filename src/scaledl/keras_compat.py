@@ -61,25 +61,6 @@ def horovod_variables(model, optimizer) -> tuple[list, list, list]:
             tf_variables(optimizer.variables))
 
 
-def for_horovod(model, optimizer):
-    """What a Horovod TensorFlow step takes from Keras: `(model_variables, optimizer_variables, update)`.
-
-    On Keras 2 this is plain Keras: `model.variables` and `optimizer.variables` (the lists to
-    broadcast), and `update(tape, loss)`, which is
-    `optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))`.
-    On Keras 3 the lists hold the tf.Variable inside each Keras variable (`horovod_variables`), and
-    `update` takes the gradients with respect to those, then applies them to Keras' own list of the
-    same weights.  Call it once the optimizer has its slots (after its first `apply_gradients`)."""
-    trainable_variables, model_variables, optimizer_variables = horovod_variables(model, optimizer)
-
-    def update(tape, loss):
-        """One optimizer step with the tape's gradients of `loss`."""
-        gradients = tape.gradient(loss, trainable_variables)  # Horovod's list of the weights
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))  # Keras' list of the same weights
-
-    return model_variables, optimizer_variables, update
-
-
 class GradientSums:
     """--grad-accum for a TensorFlow step: each micro batch's gradients add up in variables of the
     weights' shapes, and the step's last micro batch gets their sum to apply (and zeroes them).

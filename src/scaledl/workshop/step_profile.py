@@ -4,9 +4,10 @@
 self time, then their self time summed by kind (convolutions, pooling, matrix multiplies, the
 optimizer's step). Only the operators' rows ("aten::...", "Optimizer....") are summed: a GPU
 kernel's row holds the same time again. `gap_split` sets that sum beside the table's own total
-(which also counts the rows that are not operators, such as autograd's `...Backward0`), divides it
-into the operators that do the counted FLOPs (convolutions and matrix multiplies) and the rest, and
-says which part of the step's gap over its FLOP floor is larger. `a100_ceiling` divides the
+(which also counts the rows that are not operators, such as autograd's `...Backward0`) and beside
+the stopwatch's step without the profiler, divides it into the operators that do the counted
+FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap over
+its FLOP floor is larger. `a100_ceiling` divides the
 step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
 allows for each kind.
 """
@@ -80,9 +81,11 @@ def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8) -> StepP
     return StepProfile(events, sort_by, total, share, num_steps, table_total(events, sort_by))
 
 
-def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s: float) -> dict:
+def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s: float,
+              measured_s: float | None = None) -> dict:
     """Print and return the seconds a step spends in the operators with counted FLOPs and in the
-    rest, the first part's rate, and which part holds more of the gap over `predicted_s`."""
+    rest, the first part's rate, and which part holds more of the gap over `predicted_s`. Given the
+    stopwatch's step without the profiler, `measured_s`, first set the operators' sum beside it."""
     flop_share = sum(profile.share[kind] for kind in FLOP_KINDS)
     flop_ops_s = flop_share * profile.total_us / 1e6 / profile.num_steps
     other_s = (1 - flop_share) * profile.total_us / 1e6 / profile.num_steps
@@ -95,6 +98,17 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
               f"{steps} steps: {profile.table_us / 1e3 / steps:.2f} ms per step"
               + (" (it also counts rows that are not operators, such as autograd's `...Backward0`)" if on_cpu
                  else " (the kernels' rows)"))
+    if measured_s is not None:
+        operators_s = profile.total_us / 1e6 / profile.num_steps
+        events = sum(event.count for event in profile.events) / profile.num_steps
+        reading = f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms"
+        if operators_s > measured_s:
+            print(f"{reading}, {1 - measured_s / operators_s:.0%} less than the operators' rows: the profiler records "
+                  f"{events:.0f} events per step, and that recording lands partly in the operators' times (so does "
+                  "the noise between two runs)")
+        else:
+            print(f"{reading}, no less than the operators' rows: in this run the profiler's own recording of "
+                  f"{events:.0f} events per step is lost in the noise between two runs")
     print(f"convolutions and matrix multiplies: {flop_share:.0%} of the self time, {flop_ops_s * 1e3:.2f} ms per step, "
           f"{rate / 1e9:,.1f} GFLOP/s ({rate / throughput:.0%} of the large matmul's rate)")
     print(f"all other operators: {1 - flop_share:.0%} of the self time, {other_s * 1e3:.2f} ms per step, "
