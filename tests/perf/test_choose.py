@@ -83,6 +83,25 @@ def test_the_fastest_layout_that_fits_beats_what_does_not_fit_only_by_fitting():
     assert both and all(modes["none"] < modes["full"] for modes in both)
 
 
+def test_zero2_reduces_every_micro_batch_zero1_once_a_step():
+    """DeepSpeed's stage 2 all-reduces the gradients in every micro batch's backward, stage 1 at the accumulation
+    boundary only: with m micro batches ZeRO-2 pays (m - 1) all-reduces more than ZeRO-1, and with one as much."""
+    device = choose.DEVICES["polaris"]
+
+    def row(stage, micro_batch_size):
+        return choose.evaluate(BIG, predict.POLARIS, device, 4, 512, dp=16, tp=1, pp=1, stage=stage, recompute="none",
+                               micro_batch_size=micro_batch_size)
+
+    held = choose.params_per_rank(BIG["width"], BIG["depth"], BIG["seq_len"], 1, 1)
+    one = predict.allreduce_s(2 * held, 16, predict.POLARIS.inter)  # bf16 gradients, one dp ring a node
+    for micro_batch_size, m in ((1, 32), (4, 8), (32, 1)):
+        zero1, zero2 = row(1, micro_batch_size), row(2, micro_batch_size)
+        assert zero2["micro_batches"] == m
+        assert zero1["dp_s"] == pytest.approx(one + predict.all_gather_s(2 * held, 16, predict.POLARIS.inter))
+        assert zero2["dp_s"] - zero1["dp_s"] == pytest.approx((m - 1) * one, rel=1e-9, abs=1e-12)
+    assert row(2, 1)["step_s"] > 1.5 * row(1, 1)["step_s"]  # 32 all-reduces of 5 GB: no longer a tie
+
+
 def test_the_command_ranks_the_layouts(tmp_path):
     out = tmp_path / "layouts.json"
     result = subprocess.run([tool("scaledl"), "predict", "--layouts", "--system", "polaris", "--model", "gpt:gpt3-2.7b",

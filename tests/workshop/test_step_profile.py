@@ -39,6 +39,21 @@ def test_gap_split_divides_the_self_time_per_step(capsys):
     assert "the larger part of the gap: the operators without FLOPs" in out
 
 
+def test_gap_split_sets_the_stopwatch_beside_the_operators_rows(capsys):
+    events = [SimpleNamespace(key=e.key, self_cpu_time_total=e.self_cpu_time_total, count=10) for e in EVENTS]
+    total, share = step_profile.self_time_by_kind(events, "self_cpu_time_total")
+    profile = step_profile.StepProfile(events, "self_cpu_time_total", total * 1000, share, 5)  # 20 ms a step
+    step_profile.gap_split(profile, flops=0.9e9, throughput=100e9, predicted_s=0.009, measured_s=0.025)
+    above = capsys.readouterr().out
+    assert "25.00 ms, 25% above the operators' rows: the stopwatch also times the work between operators" in above
+    assert "recording of 16 events per step" in above  # 8 rows x 10 calls over 5 steps
+    step_profile.gap_split(profile, flops=0.9e9, throughput=100e9, predicted_s=0.009, measured_s=0.016)
+    below = capsys.readouterr().out
+    assert "16.00 ms, 20% less than the operators' rows: the profiler's own recording of 16 events" in below
+    assert "outweighs the work between operators" in below
+    assert "lost in the noise" not in above + below
+
+
 def test_a100_ceiling_takes_the_peak_each_kind_is_allowed(capsys):
     counts = {"aten.convolution_backward": 0.2457e9, "aten.convolution": 0.1301e9, "aten.mm": 0.0517e9,
               "aten.addmm": 0.0259e9}

@@ -27,9 +27,11 @@ Time per step:
   (Megatron-LM's count, Shoeybi et al. 2019, section 3), inside a node, not overlapped;
 - pipeline: each micro batch's activations sent to the next stage and its gradient back;
 - data parallelism: `predict.exposed_comm_s` for DDP (stage 0) and ZeRO 1-3, the reduction once a
-  step (ZeRO-3 gathers the weights every micro batch); only stage 0 without a pipeline (DDP) hides it
-  behind the last micro batch's backward: a DeepSpeed pipeline reduces after that backward
-  (deepspeed/runtime/pipe/schedule.py, `TrainSchedule` ends with ReduceGrads), hiding nothing.
+  step, but ZeRO-2 all-reduces the gradients in every micro batch's backward (m of them, then one
+  all-gather of the updated weights) and ZeRO-3 gathers the weights every micro batch; only stage 0
+  without a pipeline (DDP) hides it behind the last micro batch's backward: a DeepSpeed pipeline
+  reduces after that backward (deepspeed/runtime/pipe/schedule.py, `TrainSchedule` ends with
+  ReduceGrads), hiding nothing.
   A ring that leaves a node shares the node's injection bandwidth with the node's other dp rings.
 DeepSpeed refuses ZeRO-2 and -3 with pipeline parallelism ("ZeRO-2 and ZeRO-3 are incompatible with
 pipeline parallelism", deepspeed/runtime/pipe/engine.py, 0.19.8): those layouts are left out.
@@ -137,6 +139,14 @@ def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, gl
     dp_s = predict.exposed_comm_s(strategy, held * grad, dp, dp_link, one_backward) if dp > 1 else 0.0
     if stage == 3:
         dp_s *= micro_batches  # the weights gathered again for every micro batch
+    if stage == 2 and dp > 1:
+        # ZeRO-2 reduces in every micro batch's backward, ZeRO-1 only at the accumulation boundary (DeepSpeed 0.19.8,
+        # runtime/zero/stage_1_and_2.py: each gradient's hook, grad_handling_hook -> process_gradients ->
+        # reduce_ready_partitions_and_remove_grads, reduces when partition_gradients (stage 2) whatever the
+        # boundary, and reduce_independent_p_g_buckets_and_remove_grads reduces each bucket as it fills; engine.py,
+        # allreduce_gradients, runs stage 2's epilogue every micro batch and stage 1's reduce_gradients only at the
+        # boundary).  m all-reduces, then the one all-gather: (m - 1) all-reduces more than ZeRO-1.
+        dp_s += (micro_batches - 1) * predict.allreduce_s(held * grad, dp, dp_link)
     step_s = compute_s + tp_s + pp_s + dp_s
     return {"dp": dp, "tp": tp, "pp": pp, "zero": stage, "recompute": recompute,
             "micro_batch_size": micro_batch_size, "micro_batches": micro_batches,

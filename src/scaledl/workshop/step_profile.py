@@ -5,7 +5,8 @@ self time, then their self time summed by kind (convolutions, pooling, matrix mu
 optimizer's step). Only the operators' rows ("aten::...", "Optimizer....") are summed: a GPU
 kernel's row holds the same time again. `gap_split` sets that sum beside the table's own total
 (which also counts the rows that are not operators, such as autograd's `...Backward0`) and beside
-the stopwatch's step without the profiler, divides it into the operators that do the counted
+the stopwatch's step without the profiler (which also times the work between operators, and none of
+the profiler's recording), divides it into the operators that do the counted
 FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap over
 its FLOP floor is larger. `a100_ceiling` divides the
 step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
@@ -102,13 +103,15 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
         operators_s = profile.total_us / 1e6 / profile.num_steps
         events = sum(event.count for event in profile.events) / profile.num_steps
         reading = f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms"
+        between = ("the work between operators (the model's Python, autograd's engine), which the operators' rows "
+                   "do not hold")
+        recording = f"the profiler's own recording of {events:.0f} events per step, which lands partly in those rows"
         if operators_s > measured_s:
-            print(f"{reading}, {1 - measured_s / operators_s:.0%} less than the operators' rows: the profiler records "
-                  f"{events:.0f} events per step, and that recording lands partly in the operators' times (so does "
-                  "the noise between two runs)")
+            print(f"{reading}, {1 - measured_s / operators_s:.0%} less than the operators' rows: {recording}, "
+                  f"outweighs {between} but the stopwatch times (the noise between two runs counts too)")
         else:
-            print(f"{reading}, no less than the operators' rows: in this run the profiler's own recording of "
-                  f"{events:.0f} events per step is lost in the noise between two runs")
+            print(f"{reading}, {measured_s / operators_s - 1:.0%} above the operators' rows: the stopwatch also times "
+                  f"{between}; in this run that outweighs {recording} (the noise between two runs counts too)")
     print(f"convolutions and matrix multiplies: {flop_share:.0%} of the self time, {flop_ops_s * 1e3:.2f} ms per step, "
           f"{rate / 1e9:,.1f} GFLOP/s ({rate / throughput:.0%} of the large matmul's rate)")
     print(f"all other operators: {1 - flop_share:.0%} of the self time, {other_s * 1e3:.2f} ms per step, "

@@ -154,9 +154,12 @@ def _slower_because(row: dict, best: dict, fits_without_recompute: bool) -> str:
                 "tp x pp spans more than a node's GPUs")
     if row["zero"] == 3:
         return f"data parallelism's exposed communication is {extra}: ZeRO-3 gathers the weights for every micro batch"
-    if row["zero"] in (1, 2):
-        return (f"data parallelism's exposed communication is {extra}: ZeRO-{row['zero']} runs its all-reduce and "
-                "all-gather after the backward, where DDP without a pipeline runs its buckets during it")
+    if row["zero"] == 2:
+        return (f"data parallelism's exposed communication is {extra}: ZeRO-2 all-reduces the gradients in every "
+                "micro batch's backward (lesson 8), not once a step")
+    if row["zero"] == 1:
+        return (f"data parallelism's exposed communication is {extra}: ZeRO-1 runs its all-reduce and all-gather "
+                "after the backward, where DDP without a pipeline runs its buckets during it")
     return (f"data parallelism's exposed communication is {extra}: the more parameters a rank holds and the fewer "
             "rings share the node's link, the longer the reduction")
 
@@ -170,7 +173,7 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
     of LAYOUT_KEYS for the language model at `preset`'s size on `nodes` of `system` at `global_batch_size`
     sequences a step, must be one the machine and DeepSpeed allow, fit in a device (scaledl.perf.choose's memory
     per rank) and be predicted within `within` of the fastest layout that fits: the set the model cannot tell
-    apart (for GPT-3 2.7B on 4 Polaris nodes, 6 layouts within 0.5%, the next 0.55% behind).  The verdict on speed
+    apart (for GPT-3 2.7B on 4 Polaris nodes, 3 layouts within 0.5%, the next 0.55% behind).  The verdict on speed
     comes only after the parts are right, so each layout tried costs its arithmetic.  A FAIL names the symptom
     (the rule broken, the part too large, the memory over the limit), never a value of a part or the fastest
     layout."""
