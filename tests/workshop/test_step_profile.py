@@ -51,7 +51,7 @@ def test_gap_split_sets_the_stopwatch_beside_the_operators_rows(capsys):
     below = capsys.readouterr().out
     assert "16.00 ms, 20% less than the operators' rows: the profiler's own recording of 16 events" in below
     assert "outweighs the work between operators" in below
-    assert "lost in the noise" not in above + below
+    assert "outweighs the work" not in above and "also times" not in below  # each reading prints its own reason
 
 
 def test_a100_ceiling_takes_the_peak_each_kind_is_allowed(capsys):

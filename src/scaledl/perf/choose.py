@@ -28,7 +28,8 @@ Time per step:
 - pipeline: each micro batch's activations sent to the next stage and its gradient back;
 - data parallelism: `predict.exposed_comm_s` for DDP (stage 0) and ZeRO 1-3, the reduction once a
   step, but ZeRO-2 all-reduces the gradients in every micro batch's backward (m of them, then one
-  all-gather of the updated weights) and ZeRO-3 gathers the weights every micro batch; only stage 0
+  all-gather of the updated weights; exposed, as stage 2's `overlap_comm` is off by default) and
+  ZeRO-3 gathers the weights every micro batch; only stage 0
   without a pipeline (DDP) hides it behind the last micro batch's backward: a DeepSpeed pipeline
   reduces after that backward (deepspeed/runtime/pipe/schedule.py, `TrainSchedule` ends with
   ReduceGrads), hiding nothing.
@@ -145,7 +146,8 @@ def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, gl
         # reduce_ready_partitions_and_remove_grads, reduces when partition_gradients (stage 2) whatever the
         # boundary, and reduce_independent_p_g_buckets_and_remove_grads reduces each bucket as it fills; engine.py,
         # allreduce_gradients, runs stage 2's epilogue every micro batch and stage 1's reduce_gradients only at the
-        # boundary).  m all-reduces, then the one all-gather: (m - 1) all-reduces more than ZeRO-1.
+        # boundary).  m all-reduces, then the one all-gather: (m - 1) all-reduces more than ZeRO-1.  All exposed:
+        # stage 2's overlap_comm defaults to off (runtime/zero/config.py, overlap_comm_valid: on for stage 3 only).
         dp_s += (micro_batches - 1) * predict.allreduce_s(held * grad, dp, dp_link)
     step_s = compute_s + tp_s + pp_s + dp_s
     return {"dp": dp, "tp": tp, "pp": pp, "zero": stage, "recompute": recompute,

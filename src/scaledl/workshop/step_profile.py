@@ -99,7 +99,12 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
               f"{steps} steps: {profile.table_us / 1e3 / steps:.2f} ms per step"
               + (" (it also counts rows that are not operators, such as autograd's `...Backward0`)" if on_cpu
                  else " (the kernels' rows)"))
-    if measured_s is not None:
+    if measured_s is not None and profile.sort_by != "self_cpu_time_total":
+        # On a GPU the rows are kernels' device time: the stopwatch's surplus is the device waiting (launches,
+        # syncs), and the profiler's recording is host time that never lands in those rows.
+        print(f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms, against "
+              f"{profile.total_us / 1e3 / profile.num_steps:.2f} ms of kernels: the rest is the device waiting")
+    elif measured_s is not None:
         operators_s = profile.total_us / 1e6 / profile.num_steps
         events = sum(event.count for event in profile.events) / profile.num_steps
         reading = f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms"

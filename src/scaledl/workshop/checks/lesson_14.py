@@ -154,12 +154,12 @@ def _slower_because(row: dict, best: dict, fits_without_recompute: bool) -> str:
                 "tp x pp spans more than a node's GPUs")
     if row["zero"] == 3:
         return f"data parallelism's exposed communication is {extra}: ZeRO-3 gathers the weights for every micro batch"
-    if row["zero"] == 2:
+    if row["zero"] == 2 and row["micro_batches"] > 1:
         return (f"data parallelism's exposed communication is {extra}: ZeRO-2 all-reduces the gradients in every "
                 "micro batch's backward (lesson 8), not once a step")
-    if row["zero"] == 1:
-        return (f"data parallelism's exposed communication is {extra}: ZeRO-1 runs its all-reduce and all-gather "
-                "after the backward, where DDP without a pipeline runs its buckets during it")
+    if row["zero"] in (1, 2):
+        return (f"data parallelism's exposed communication is {extra}: ZeRO-{row['zero']} runs its all-reduce and "
+                "all-gather after the backward, where DDP without a pipeline runs its buckets during it")
     return (f"data parallelism's exposed communication is {extra}: the more parameters a rank holds and the fewer "
             "rings share the node's link, the longer the reduction")
 
