@@ -88,24 +88,24 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
     rest, the first part's rate, and which part holds more of the gap over `predicted_s`. Given the
     stopwatch's step without the profiler, `measured_s`, first set the operators' sum beside it."""
     flop_share = sum(profile.share[kind] for kind in FLOP_KINDS)
-    flop_ops_s = flop_share * profile.total_us / 1e6 / profile.num_steps
-    other_s = (1 - flop_share) * profile.total_us / 1e6 / profile.num_steps
+    operators_s = profile.total_us / 1e6 / profile.num_steps  # the operators' rows, per step
+    on_cpu = profile.sort_by == "self_cpu_time_total"
+    flop_ops_s = flop_share * operators_s
+    other_s = (1 - flop_share) * operators_s
     rate = flops / flop_ops_s
     if profile.table_us is not None:
-        on_cpu = profile.sort_by == "self_cpu_time_total"
         steps = profile.num_steps
-        print(f"the operators' rows, which the split sums: {profile.total_us / 1e3 / steps:.2f} ms per step; "
+        print(f"the operators' rows, which the split sums: {operators_s * 1e3:.2f} ms per step; "
               f"the table's {'Self CPU' if on_cpu else 'device'} time total, {profile.table_us / 1e3:.3f} ms over "
               f"{steps} steps: {profile.table_us / 1e3 / steps:.2f} ms per step"
               + (" (it also counts rows that are not operators, such as autograd's `...Backward0`)" if on_cpu
                  else " (the kernels' rows)"))
-    if measured_s is not None and profile.sort_by != "self_cpu_time_total":
+    if measured_s is not None and not on_cpu:
         # On a GPU the rows are kernels' device time: the stopwatch's surplus is the device waiting (launches,
         # syncs), and the profiler's recording is host time that never lands in those rows.
         print(f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms, against "
-              f"{profile.total_us / 1e3 / profile.num_steps:.2f} ms of kernels: the rest is the device waiting")
+              f"{operators_s * 1e3:.2f} ms of kernels: the rest is the device waiting")
     elif measured_s is not None:
-        operators_s = profile.total_us / 1e6 / profile.num_steps
         events = sum(event.count for event in profile.events) / profile.num_steps
         reading = f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms"
         between = ("the work between operators (the model's Python, autograd's engine), which the operators' rows "
