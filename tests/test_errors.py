@@ -84,6 +84,38 @@ sys.exit(main())
 """
 
 
+# The launcher's SIGTERM while the command is still setting up its handling: the handler is in
+# place and the watcher process is starting (a fork and an exec, slow on a busy machine).
+SIGNAL_WHILE_INSTALLING = """
+import os, signal, sys
+from scaledl import signals
+from scaledl.exits import exits_cleanly
+
+start_watcher = signals._start_watcher
+
+def signalled_then_start(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return start_watcher(*args)
+
+signals._start_watcher = signalled_then_start
+
+@exits_cleanly
+def main(argv=None):
+    return 0
+
+sys.exit(main())
+"""
+
+
+def test_a_signal_while_the_handler_is_installed_is_the_one_line_never_a_traceback(tmp_path):
+    script = tmp_path / "command.py"
+    script.write_text(SIGNAL_WHILE_INSTALLING)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PBS_", "SLURM_", "PMI_", "OMPI_COMM"))}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 128 + 15, result.stderr
+    assert result.stderr.splitlines() == [f"{script}: stopped by SIGTERM"], result.stderr
+
+
 @pytest.mark.parametrize("error", ["UserError", "RunError"])
 def test_a_signal_while_an_error_is_handled_is_the_one_line_never_a_traceback(tmp_path, error):
     script = tmp_path / "command.py"

@@ -172,11 +172,14 @@ def exits_cleanly(main):
     def wrapper(argv=None):
         spec = getattr(sys.modules.get(main.__module__), "__spec__", None)  # the -m name when run with -m
         prog = spec.name if spec else sys.argv[0]
-        signals.install(interrupted_line(prog))
-        signals.at_interrupt(_release_deepspeed_buffers)
         # A flag error is a user error too: every rank parses the same flags, one prints.
         argparse.ArgumentParser.exit = _raise_usage_exit
         try:
+            # Inside the try: the handler is in place before the watcher process has started, and a
+            # launcher's SIGTERM in between (horovodrun stopping a rank whose peer failed at once, on
+            # a busy machine) is this rank's one line too, not a traceback from inside install().
+            signals.install(interrupted_line(prog))
+            signals.at_interrupt(_release_deepspeed_buffers)
             return _run(main, argv, prog)
         except signals.Interrupted as interrupt:
             # The launcher's signal came while this rank was handling its own error, before the
