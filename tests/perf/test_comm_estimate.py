@@ -63,15 +63,6 @@ def test_reductions_are_counted_per_window_and_per_phase():
         comm_estimate.reductions_per_window(reduced, 0)
 
 
-def test_each_call_takes_its_shortest_rank_and_other_phases_stay_out():
-    rank0 = [(2, "backward", 800, 9.0), (2, "step", 4, 0.1), (5, "backward", 800, 1.0)]
-    rank1 = [(2, "backward", 800, 2.0), (2, "step", 4, 0.3), (5, "backward", 800, 4.0)]
-    assert comm_estimate.shortest_per_call([rank0, rank1]) == [2.0, 1.0]
-    assert comm_estimate.shortest_per_call([rank0, rank1], "step") == [0.1]
-    with pytest.raises(ValueError, match="different numbers"):
-        comm_estimate.shortest_per_call([rank0, rank1[:1]])
-
-
 GRAD = 827_688  # lesson 8's CNN: 206,922 fp32 gradients
 MEASURED = {"all_reduces": 3, "bytes": 3 * GRAD}
 

@@ -68,37 +68,3 @@ def test_the_wrapper_is_removed_when_a_call_fails():
                                          comm=comm)
     assert comm.all_reduce is original
 
-
-def test_call_timings_take_the_shortest_rank_then_every_call_against_the_prediction():
-    # two ranks, five calls each: the shortest over the ranks is 1, 1, 2, 5, 6 ms
-    rank0 = [(0, "backward", 400, ms) for ms in (1.0, 3.0, 2.0, 5.0, 9.0)]
-    rank1 = [(0, "backward", 400, ms) for ms in (4.0, 1.0, 2.5, 7.0, 6.0)] + [(0, "step", 4, 0.1)]
-    timings = deepspeed_windows.call_timings({"probe": [rank0, rank1]}, predicted_ms=1.0)
-    assert timings["probe"] == {"calls": 5, "fastest": 1.0, "median": 2.0, "fast": 3,
-                                "sorted": [1.0, 1.0, 2.0, 5.0, 6.0]}
-    table = deepspeed_windows.timing_table(timings, predicted_ms=1.0)
-    assert table.splitlines()[0].split()[:4] == ["calls", "predicted", "fastest", "median"]
-    assert table.splitlines()[0].endswith("calls within 2x (of 5)")
-    assert table.splitlines()[1].split() == ["probe", "5", "1.00", "1.00", "2.00", "3"]
-    fig = deepspeed_windows.sorted_calls_figure(timings, predicted_ms=1.0)
-    ax = fig.axes[0]
-    assert list(ax.lines[0].get_ydata()) == [1.0, 1.0, 2.0, 5.0, 6.0]  # every call, fastest first
-    assert [line.get_ydata()[0] for line in ax.lines[1:]] == [1.0, 2.0]  # the prediction, and twice it
-
-
-def test_first_quartile_ignores_a_minority_of_stretched_calls():
-    assert deepspeed_windows.first_quartile([0.5, 0.5, 0.6, 0.5, 4.0, 5.0, 6.0, 0.5]) == 0.5
-
-
-def test_probe_times_each_size_after_a_backward_then_the_whole_gradient():
-    calls, seen, whole_seen, barriers = 3, [], [], []
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
-    laps, whole = deepspeed_windows.probe_all_reduces(
-        model, torch.device("cpu"), torch.Generator().manual_seed(0), [4, 16], calls=calls,
-        all_reduce=lambda buffer: seen.append(buffer.numel()), whole_all_reduce=lambda buffer: whole_seen.append(
-            buffer.numel()), barrier=lambda: barriers.append(1))
-    assert seen == [4] * (1 + calls) + [16] * (1 + calls)  # a warm-up, then the timed calls, per size
-    assert [len(lap) for lap in laps] == [calls, calls] and all(seconds >= 0 for lap in laps for seconds in lap)
-    assert len(barriers) == 2 and whole_seen == [28 * 28 * 10 + 10] * calls
-    assert [(call, where, nbytes) for call, where, nbytes, _ in whole] == [(c, "backward", 4 * 7850) for c in range(3)]
-    assert model[1].weight.grad is not None  # the probe ran backwards

@@ -10,8 +10,8 @@
   torch/nn/parallel/distributed.py).
 * `ddp_measured`: what a DDP timeline (`scaledl.workshop.traces.ddp_events`) shows per rank: each bucket's
   all-reduce, the end of backward, and the tail of communication after it.
-* `reductions_per_window`, `shortest_per_call`: the all-reduces a DeepSpeed engine made per
-  accumulation window, and each call's time over the ranks, from a record of each call.
+* `reductions_per_window`: the all-reduces a DeepSpeed engine made per accumulation window, from a
+  record of each call.
 
 Lesson 8's exercise on this arithmetic is checked by `scaledl.workshop.checks.lesson_08.check_stage2_window`
 (against the live ranks through `check_window_prediction`), and the predicted-against-measured figure is
@@ -75,13 +75,3 @@ def reductions_per_window(reduced: list, accumulation_steps: int, phase: str = "
             window["bytes"] += nbytes
             window["ms"] += ms
     return out
-
-
-def shortest_per_call(reduced_by_rank: list, phase: str = "backward") -> list[float]:
-    """Each all-reduce made in `phase`, matched across the ranks by its place in their records (every
-    rank makes the same collectives in the same order): the shortest time over the ranks, in ms.
-    The rank that joined a call last waited for no one, so its time is about the call's own."""
-    calls = [[ms for _, where, _, ms in reduced if where == phase] for reduced in reduced_by_rank]
-    if len({len(each) for each in calls}) > 1:
-        raise ValueError(f"the ranks recorded different numbers of all-reduces: {[len(each) for each in calls]}")
-    return [min(times) for times in zip(*calls)]

@@ -3,12 +3,12 @@
 `profile_steps` runs a step a few times under `torch.profiler`, prints the operators sorted by
 self time, then their self time summed by kind (convolutions, pooling, matrix multiplies, the
 optimizer's step). Only the operators' rows ("aten::...", "Optimizer....") are summed: a GPU
-kernel's row holds the same time again. `gap_split` sets that sum beside the table's own total
+kernel's row holds the same time again. `gap_split` prints that sum per step beside the table's own total
 (which also counts the rows that are not operators, such as autograd's `...Backward0`) and beside
 the stopwatch's step without the profiler (which also times the work between operators, and none of
-the profiler's recording), divides it into the operators that do the counted
-FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap over
-its FLOP floor is larger. `a100_ceiling` divides the
+the profiler's recording), in one short line. It then divides the sum into the operators that do the
+counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap
+over its FLOP floor is larger. `a100_ceiling` divides the
 step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
 allows for each kind.
 """
@@ -93,37 +93,21 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
     flop_ops_s = flop_share * operators_s
     other_s = (1 - flop_share) * operators_s
     rate = flops / flop_ops_s
+    # Three short lines. Why the readings differ is the lesson's to say: the table also counts rows that are not
+    # operators (autograd's `...Backward0`); on a CPU the stopwatch times the Python between operators but not the
+    # profiler's recording; on a GPU the rows are kernel time, and the stopwatch adds the device's waits.
+    readings = [f"per step: the {'operators' if on_cpu else 'kernels'}' rows {operators_s * 1e3:.2f} ms"]
     if profile.table_us is not None:
-        steps = profile.num_steps
-        print(f"the operators' rows, which the split sums: {operators_s * 1e3:.2f} ms per step; "
-              f"the table's {'Self CPU' if on_cpu else 'device'} time total, {profile.table_us / 1e3:.3f} ms over "
-              f"{steps} steps: {profile.table_us / 1e3 / steps:.2f} ms per step"
-              + (" (it also counts rows that are not operators, such as autograd's `...Backward0`)" if on_cpu
-                 else " (the kernels' rows)"))
-    if measured_s is not None and not on_cpu:
-        # On a GPU the rows are kernels' device time: the stopwatch's surplus is the device waiting (launches,
-        # syncs), and the profiler's recording is host time that never lands in those rows.
-        print(f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms, against "
-              f"{operators_s * 1e3:.2f} ms of kernels: the rest is the device waiting")
-    elif measured_s is not None:
-        events = sum(event.count for event in profile.events) / profile.num_steps
-        reading = f"the stopwatch's step, without the profiler: {measured_s * 1e3:.2f} ms"
-        between = ("the work between operators (the model's Python, autograd's engine), which the operators' rows "
-                   "do not hold")
-        recording = f"the profiler's own recording of {events:.0f} events per step, which lands partly in those rows"
-        if operators_s > measured_s:
-            print(f"{reading}, {1 - measured_s / operators_s:.0%} less than the operators' rows: {recording}, "
-                  f"outweighs {between} but the stopwatch times (the noise between two runs counts too)")
-        else:
-            print(f"{reading}, {measured_s / operators_s - 1:.0%} above the operators' rows: the stopwatch also times "
-                  f"{between}; in this run that outweighs {recording} (the noise between two runs counts too)")
-    print(f"convolutions and matrix multiplies: {flop_share:.0%} of the self time, {flop_ops_s * 1e3:.2f} ms per step, "
-          f"{rate / 1e9:,.1f} GFLOP/s ({rate / throughput:.0%} of the large matmul's rate)")
-    print(f"all other operators: {1 - flop_share:.0%} of the self time, {other_s * 1e3:.2f} ms per step, "
-          "for 0 counted FLOPs")
-    larger = ("the operators without FLOPs (pooling, elementwise, the optimizer)" if other_s > flop_ops_s - predicted_s
-              else "the products running below the large matmul's rate")
-    print(f"the larger part of the gap: {larger}")
+        readings.append(f"the table's total {profile.table_us / 1e3 / profile.num_steps:.2f} ms")
+    if measured_s is not None:
+        readings.append(f"the stopwatch without the profiler {measured_s * 1e3:.2f} ms")
+    print(", ".join(readings))
+    print(f"convolutions and matrix multiplies: {flop_ops_s * 1e3:.2f} ms per step at {rate / 1e9:,.1f} GFLOP/s, "
+          f"{rate / throughput:.0%} of the large matmul's rate")
+    others_larger = other_s > flop_ops_s - predicted_s  # the gap: the products' time over the floor, and the rest
+    print(f"all other operators: {other_s * 1e3:.2f} ms per step for 0 counted FLOPs"
+          + (", the larger part of the gap" if others_larger
+             else "; the larger part of the gap is the products running below the large matmul's rate"))
     return {"flop_ops_s": flop_ops_s, "other_s": other_s, "rate": rate}
 
 

@@ -61,7 +61,7 @@ def test_inferred_batch_check(capsys):
     assert check(48.0)
     verdict(capsys)
     fails(capsys, check(24), "24 is one rank's share")
-    fails(capsys, check(16), "16 is one micro batch a rank", "3 micro batches")
+    fails(capsys, check(16), "16 is one micro batch per rank", "3 micro batches")
     fails(capsys, check(8), "8 is one rank's micro batch")
     fails(capsys, check(100), "not what DeepSpeed inferred")
     fails(capsys, check(None), "`predicted_batch` is not set")
@@ -289,7 +289,7 @@ def test_stage2_buckets_are_graded_bucket_by_bucket(capsys):
 
     assert checks.check_stage2_window(right, WINDOW, RECORDED, world_size=2, accumulation_steps=3,
                                       reduce_bucket_size=204_800, measured_buckets=SENT)
-    assert "buckets of 808,488 + 19,200 bytes a backward" in verdict(capsys)
+    assert "buckets of 808,488 + 19,200 bytes per backward" in verdict(capsys)
     # model.parameters() reversed puts the convolution's bias first: the same calls and total, other buckets.
     bias_first = [10, 1_280, 128, 200_704, 32, 4_608, 16, 144]
     assert right(bias_first, 3, 204_800)["all_reduces"] == WINDOW["all_reduces"]

@@ -110,7 +110,7 @@ def test_recompute(capsys):
     (lambda h, a: 10 * h + a, "one h-wide tensor is missing"),
     (lambda h, a: 11 * h, "log-sum-exp"),
     (lambda h, a: 11 * h + a + 4, "statistics are recomputed"),
-    (lambda h, a: 7 * h + a, "4h values a token"),
+    (lambda h, a: 7 * h + a, "4h values per token"),
     (lambda h, a: 9 * h + a, "two h-wide tensors are missing"),
     (lambda h, a: 4 * (11 * h + a), "that counts bytes"),
     (lambda h, a: 12 * h + a, "list the outputs"),

@@ -51,8 +51,8 @@ def test_tensor_parallel_mlp_check(capsys):
 
 # ---------------------------------------------------------------- the rank groups of a dp x tp grid
 
-def rank_groups(world_size, tp, pp):
-    """The exercise's answer: init_device_mesh's (pp, dp, tp) grid, row-major."""
+def rank_groups(world_size, tp, pp=1):
+    """The stretch's answer: init_device_mesh's (pp, dp, tp) grid, row-major."""
     dp = world_size // (tp * pp)
 
     def rank(stage, replica, piece):
@@ -63,29 +63,42 @@ def rank_groups(world_size, tp, pp):
             "pp": [[rank(s, r, p) for s in range(pp)] for r in range(dp) for p in range(tp)]}
 
 
+def flat_groups(world_size, tp):
+    """The exercise's answer: the (dp, tp) grid, two arguments and two keys."""
+    groups = rank_groups(world_size, tp)
+    return {"tp": groups["tp"], "dp": groups["dp"]}
+
+
 def test_rank_groups(capsys):
+    # The exercise alone: two arguments, the stretch not tried, read on Polaris' 2 nodes at tp 2.
+    assert checks.check_rank_groups(flat_groups)
+    line = verdict(capsys)
+    assert "every (dp, tp) grid right (4 grids)" in line and "every tp group ([[0, 1], [2, 3], [4, 5], [6, 7]])" in line
+    assert "e.g. [0, 2, 4, 6], spans nodes [0, 1]" in line and "the stretch (optional)" in line, line
+    # The stretch as well: a third argument, pp, and a "pp" key.
     assert checks.check_rank_groups(rank_groups)
     line = verdict(capsys)
     assert "every tp group ([[0, 1], [2, 3], [4, 5], [6, 7]])" in line and "e.g. [0, 4], spans nodes [0, 1]" in line
     # Groups, and the ranks in them, listed in another order are the same groups.
-    assert checks.check_rank_groups(lambda n, tp, pp: {key: [group[::-1] for group in value[::-1]]
-                                                       for key, value in rank_groups(n, tp, pp).items()})
+    assert checks.check_rank_groups(lambda n, tp, pp=1: {key: [group[::-1] for group in value[::-1]]
+                                                         for key, value in rank_groups(n, tp, pp).items()})
     verdict(capsys)
     fails(capsys, checks.check_rank_groups(None), "`rank_groups` is not set")
     fails(capsys, checks.check_rank_groups([[0, 1]]), "must be a function")
-    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: (rank_groups(n, tp, pp)["tp"],
-                                                              rank_groups(n, tp, pp)["dp"])), "must return a dict")
-    # The 2D answer with no pp key: a dict of tp and dp alone.
-    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: {k: v for k, v in rank_groups(n, tp, pp).items()
-                                                              if k != "pp"}), "with the keys \"tp\", \"dp\" and \"pp\"")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: (flat_groups(n, tp)["tp"], flat_groups(n, tp)["dp"])),
+          "must return a dict")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": flat_groups(n, tp)["tp"]}),
+          "with the keys \"tp\" and \"dp\"")
+    # The stretch tried without a "pp" key: the exercise is right, so a PASS that says what the stretch lacks.
+    assert checks.check_rank_groups(lambda n, tp, pp=1: {k: v for k, v in rank_groups(n, tp, pp).items() if k != "pp"})
+    assert "with the keys \"tp\", \"dp\" and \"pp\"" in verdict(capsys)
     # The grid numbered column by column (dp fastest): tp groups strided, dp groups consecutive.
-    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: {"tp": rank_groups(n, n // tp, 1)["dp"],
-                                                              "dp": rank_groups(n, n // tp, 1)["tp"],
-                                                              "pp": [[r] for r in range(n)]}),
-          "rank_groups(8, 4, 1)[\"tp\"] is not the grid's tp groups", "2 groups of 4 ranks")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": rank_groups(n, n // tp)["dp"],
+                                                          "dp": rank_groups(n, n // tp)["tp"]}),
+          "rank_groups(8, 4)[\"tp\"] is not the grid's tp groups", "2 groups of 4 ranks")
     # pp and dp swapped, (dp, pp, tp): right on every 2D grid, wrong once there are stages, the stretch.  The
     # exercise is the (dp, tp) grid, so the verdict is a PASS that says what the stretch lacks.
-    def dp_outermost(n, tp, pp):
+    def dp_outermost(n, tp, pp=1):
         groups = rank_groups(n, tp, n // (tp * pp))
         return {"tp": groups["tp"], "dp": groups["pp"], "pp": groups["dp"]}
     assert checks.check_rank_groups(dp_outermost)
@@ -93,22 +106,22 @@ def test_rank_groups(capsys):
     assert "the stretch, a pipeline, not yet" in line and "rank_groups(8, 2, 2)[\"dp\"]" in line, line
     assert "last coordinate fastest" in line, line
 
-    def flat_only(n, tp, pp):  # the (dp, tp) answer alone
+    def flat_only(n, tp, pp=1):  # the stretch begun, not finished
         if pp > 1:
             raise NotImplementedError("the stretch")
-        return rank_groups(n, tp, 1)
+        return flat_groups(n, tp)
     assert checks.check_rank_groups(flat_only)
     assert "rank_groups(8, 2, 2) raised NotImplementedError" in verdict(capsys)
-    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: {"tp": [list(range(n))], "dp": [[r] for r in range(n)],
-                                                              "pp": [[r] for r in range(n)]}), "rank_groups(8, 1, 1)")
-    fails(capsys, checks.check_rank_groups(lambda n, tp, pp: 1 / 0), "raised ZeroDivisionError")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: {"tp": [list(range(n))], "dp": [[r] for r in range(n)]}),
+          "rank_groups(8, 1)")
+    fails(capsys, checks.check_rank_groups(lambda n, tp: 1 / 0), "raised ZeroDivisionError")
 
 
 # ---------------------------------------------------------------- tp groups that cross a node boundary
 
 def crossing_tp_groups(world_size, tp, ranks_per_node):
     """The exercise's answer: the rows whose ranks lie on more than one node (a node's ranks are consecutive)."""
-    return [row for row in rank_groups(world_size, tp, 1)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
+    return [row for row in rank_groups(world_size, tp)["tp"] if len({rank // ranks_per_node for rank in row}) > 1]
 
 
 def test_crossing_groups(capsys):

@@ -36,7 +36,7 @@ def _every_rank_ran(by_rank: list | None, what: str) -> bool:
 
 def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list) -> bool:
     """Exercise 1b: whose weights each rank holds right after `DDP(model)`.  `predicted` lists, in rank order,
-    one rank number a rank (the rank whose weights it then holds); fingerprints, as the ranks print them, are
+    one rank number per rank (the rank whose weights it then holds); fingerprints, as the ranks print them, are
     taken too.  Each rank number becomes that rank's fingerprint from before the wrap, to be compared with
     what the ranks print after it.  DDP's constructor broadcasts rank 0's parameters (and buffers), so every
     rank then holds rank 0's: `[0] * world_size`."""
@@ -45,10 +45,10 @@ def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list
     if not _every_rank_ran(wrapped_by_rank, "the wrap cell"):
         return False
     if isinstance(predicted, (str, int)) or not hasattr(predicted, "__len__"):
-        return _verdict(False, f"`after_wrap` is {predicted!r}: give a list, one rank number a rank, in rank order")
+        return _verdict(False, f"`after_wrap` is {predicted!r}: give a list, one rank number per rank, in rank order")
     wrapped, before = [str(f)[:12] for f in wrapped_by_rank], [str(f)[:12] for f in before_by_rank]
     if len(predicted) != len(wrapped):
-        return _verdict(False, f"give one entry a rank: your list has {len(predicted)} for {len(wrapped)} ranks")
+        return _verdict(False, f"give one entry per rank: your list has {len(predicted)} for {len(wrapped)} ranks")
     as_fingerprints = []
     for entry in predicted:
         if isinstance(entry, int) and not isinstance(entry, bool):

@@ -115,7 +115,7 @@ def _inferred_verdict(predicted, inferred_by_rank: list, train: int, micro: int,
     if predicted == micro * accumulation:
         why = "one rank's share of a step: the global batch counts every rank's micro batches"
     elif predicted == micro * world_size:
-        why = f"one micro batch a rank: a step takes {accumulation} micro batches on each rank"
+        why = f"one micro batch per rank: a step takes {accumulation} micro batches on each rank"
     elif predicted == micro:
         why = "one rank's micro batch: the global batch is every sample of one optimizer step, on all ranks"
     else:
@@ -165,7 +165,7 @@ def check_batch_triple(batch_triple, live=_NOT_GIVEN) -> bool:
     if batch_triple is None:
         return _unfinished("batch_triple")
     for global_batch, world_size, largest in _TRIPLE_CASES:
-        case = f"a global batch of {global_batch} on {world_size} ranks, at most {largest} samples a forward"
+        case = f"a global batch of {global_batch} on {world_size} ranks, at most {largest} samples per forward"
         want = batch_triple_answer(global_batch, world_size, largest)
         got = _attempt("batch_triple", case, lambda: _refusal_or(batch_triple, global_batch, world_size, largest))
         if got is _FAILED:
@@ -382,7 +382,7 @@ def check_stage2_window(stage2_window, measured=None, numels: list | None = None
                                    f"ranks all-reduced {_listed(sent)}: {hint}")
     ok, message = _window_verdict(yours, measured, 4 * sum(numels), world_size, accumulation_steps)
     if ok and measured_buckets is not None:
-        message = f"buckets of {_listed(measured_buckets)} bytes a backward; " + message
+        message = f"buckets of {_listed(measured_buckets)} bytes per backward; " + message
     return _verdict(ok, f"{said}; on this model, " + message if ok else f"on this model: {message}")
 
 

@@ -110,9 +110,8 @@ def check_bf16_state(bf16_state_bytes) -> bool:
                     continue
                 hint = _bf16_state_slip(framework, world_size, stage, key, got[key], want[key])
                 return _verdict(False, f"{where}: {key} {got[key]:g} bytes per parameter: {hint}")
-    return _verdict(True, "bf16 with SGD and momentum, per parameter, part by part on 4 and 8 ranks: DDP with autocast "
-                          "4 + 4 + 4 on every rank (its fp32 weights are the master copy); DeepSpeed 2 + 2 + (4 + 4), "
-                          "partitioned by stage; FSDP2 (4 + 4 + 4)/N, its fp32 shards the master copy")
+    return _verdict(True, "bf16 with SGD and momentum, part by part on 4 and 8 ranks: DDP 4 + 4 + 4; "
+                          "DeepSpeed 2 + 2 + (4 + 4), partitioned by stage; FSDP2 (4 + 4 + 4)/N")
 
 
 def check_activation_prediction(activation_bytes) -> bool:
@@ -206,9 +205,8 @@ def check_recompute(recompute_block) -> bool:
     if kept > 0:
         return _verdict(False, f"the forward kept {kept:,} bytes of the block's {everything:,}: only part of the "
                                "block is recomputed; checkpoint the whole block")
-    return _verdict(True, f"the same output and gradients as block(x), keeping nothing but the input: on the check's "
-                          f"block (width 64, 4 heads, 4 sequences of 32 tokens), {everything:,} bytes recomputed in "
-                          "backward instead")
+    return _verdict(True, f"the same output and gradients as block(x), keeping nothing but the input "
+                          f"(width 64, 4 heads, 4 sequences of 32 tokens): {everything:,} bytes rebuilt in backward")
 
 
 # (seq_len, batch, width, heads): blocks small enough to count in a second.
@@ -242,7 +240,7 @@ def check_selective_values(selective_values) -> bool:
         if got is _FAILED:
             return False
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-            return _verdict(False, f"{where}: selective_values returned {got!r}: return a number of values a token")
+            return _verdict(False, f"{where}: selective_values returned {got!r}: return a number of values per token")
         counted = _one_selective_block_bytes(seq_len, batch, width, heads) / (4 * seq_len * batch)
         if math.isclose(got, counted, rel_tol=1e-9):
             continue
@@ -254,7 +252,7 @@ def check_selective_values(selective_values) -> bool:
                                "it) or one linear layer's output"),
                  (counted - a, "attention's log-sum-exp, one value per head and token, is kept with its output"),
                  (counted + 4, "the norms' statistics are recomputed with the norms, not kept"),
-                 (counted - 4 * h, "the MLP's first layer writes 4h values a token: its output is kept"),
+                 (counted - 4 * h, "the MLP's first layer writes 4h values per token: its output is kept"),
                  (counted - 2 * h, "two h-wide tensors are missing: the block's input, attention's output and "
                                    "every linear layer's output are kept, the output projection's and the MLP's "
                                    "last layer's too"),
@@ -262,10 +260,8 @@ def check_selective_values(selective_values) -> bool:
         hint = next((text for value, text in slips if math.isclose(got, value, rel_tol=1e-9)),
                     "list the outputs of the block's matrix products and of attention, h or 4h wide, and the "
                     "block's input")
-        return _verdict(False, f"{where}: {got:g} values a token, counted {counted:g}: {hint}")
-    return _verdict(True, "selective keeps 11h + a values a token per block, as counted live: the input, q, k and v, "
-                          "attention's output and log-sum-exp, the output projection's and the MLP's two outputs "
-                          "(4h and h)")
+        return _verdict(False, f"{where}: {got:g} values per token, counted {counted:g}: {hint}")
+    return _verdict(True, "selective keeps 11h + a values per token in each block, as counted live")
 
 
 def check_flops_per_token(flops_per_token) -> bool:
@@ -297,6 +293,5 @@ def check_flops_per_token(flops_per_token) -> bool:
                                                                                                    rel_tol=1e-6)),
                     "6 flops per multiplying parameter and token (2 forward, 4 backward), plus attention's")
         return _verdict(False, f"{where}: got {got!r}, want {want:,}: {hint}")
-    return _verdict(True, "6 flops per multiplying parameter and 12 per block, width and token of context: the "
-                          "model's flops per token: torch's FlopCounterMode counts the same less 6 for each bias "
-                          "and norm weight (it counts matrix products only)")
+    return _verdict(True, "6 flops per multiplying parameter and 12 per block, width and token of context; "
+                          "torch's FlopCounterMode counts the same less 6 for each bias and norm weight")

@@ -1,5 +1,5 @@
 """Lesson 12's checks: a tensor-parallel MLP, split by hand, the all-reduces a block makes, the rank groups of a
-(pp, dp, tp) grid, and which of its tp groups cross a node boundary."""
+(dp, tp) grid (a (pp, dp, tp) grid in the stretch), and which of its tp groups cross a node boundary."""
 from __future__ import annotations
 
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
@@ -24,22 +24,27 @@ def _grid(world_size: int, tp: int, pp: int = 1) -> dict:
 
 
 def _rank_groups_wrong(rank_groups, world_size: int, tp: int, pp: int, quiet: bool = False):
-    """None when `rank_groups(world_size, tp, pp)` gives the grid's groups, else the FAIL text (False after a FAIL
-    already printed by `_attempt`; `quiet`: an error is the text, nothing printed)."""
-    call = f"rank_groups({world_size}, {tp}, {pp})"
+    """None when `rank_groups` gives the grid's groups, else the FAIL text (False after a FAIL already printed by
+    `_attempt`; `quiet`: an error is the text, nothing printed).  With pp = 1 it is called as
+    `rank_groups(world_size, tp)`, the exercise, and a "pp" key is optional; with pp > 1 as
+    `rank_groups(world_size, tp, pp)`, the stretch."""
+    args = (world_size, tp) if pp == 1 else (world_size, tp, pp)
+    call = f"rank_groups{args}"
     if quiet:
         try:
-            got = rank_groups(world_size, tp, pp)
+            got = rank_groups(*args)
         except Exception as error:  # the stretch left out: any error says so
             return f"{call} raised {type(error).__name__}"
     else:
-        got = _attempt("rank_groups", call, lambda: rank_groups(world_size, tp, pp))
+        got = _attempt("rank_groups", call, lambda: rank_groups(*args))
         if got is _FAILED:
             return False
     want = _grid(world_size, tp, pp)
-    if not isinstance(got, dict) or set(got) != {"tp", "dp", "pp"}:
-        return f"{call} must return a dict with the keys \"tp\", \"dp\" and \"pp\", each a list of groups"
-    for name in ("tp", "dp", "pp"):
+    names = ("tp", "dp", "pp") if pp > 1 else ("tp", "dp")
+    if not isinstance(got, dict) or not set(names) <= set(got) or not set(got) <= {"tp", "dp", "pp"}:
+        keys = '"tp", "dp" and "pp"' if pp > 1 else '"tp" and "dp"'
+        return f"{call} must return a dict with the keys {keys}, each a list of groups"
+    for name in names + (("pp",) if pp == 1 and "pp" in got else ()):
         try:
             groups = sorted(sorted(int(rank) for rank in group) for group in got[name])
         except TypeError:
@@ -53,27 +58,47 @@ def _rank_groups_wrong(rank_groups, world_size: int, tp: int, pp: int, quiet: bo
     return None
 
 
+def _takes_pp(rank_groups) -> bool:
+    """Whether `rank_groups` takes a third argument, pp: the stretch tried."""
+    import inspect
+
+    try:
+        inspect.signature(rank_groups).bind(8, 2, 2)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read: try it
+        return True
+    return True
+
+
 def check_rank_groups(rank_groups, ranks_per_node: int = 4) -> bool:
-    """`rank_groups(world_size, tp, pp)`: {"tp": [...], "dp": [...], "pp": [...]}, the ranks of each group of the
-    (pp, dp, tp) grid along each dimension (groups and the ranks in them in any order).  The exercise is the
-    (dp, tp) grids of GRIDS (pp = 1), graded first; the grids with a pipeline are the stretch: wrong there, the
-    verdict is still a PASS that says what the stretch lacks.  Right on every grid, the verdict reads Polaris'
-    2-node grid (pp 2, dp 2, tp 2) against its nodes of `ranks_per_node` GPUs.  A FAIL names the grid and the
-    dimension, the groups' count and size, never the groups."""
+    """`rank_groups(world_size, tp)`: {"tp": [...], "dp": [...]}, the ranks of each group of the (dp, tp) grid
+    along each dimension (groups and the ranks in them in any order), graded on the grids of GRIDS with pp = 1.
+    The stretch, `rank_groups(world_size, tp, pp)` with a "pp" key, the (pp, dp, tp) grid, is tried on the other
+    grids only when the function takes a third argument: wrong there, the verdict is still a PASS that says what the
+    stretch lacks.  The PASS reads Polaris' 2-node grid against its nodes of `ranks_per_node` GPUs.  A FAIL names
+    the grid and the dimension, the groups' count and size, never the groups."""
     if rank_groups is None:
         return _unfinished("rank_groups")
     if not callable(rank_groups):
-        return _verdict(False, "`rank_groups` must be a function of (world_size, tp, pp)")
+        return _verdict(False, "`rank_groups` must be a function of (world_size, tp)")
     flat = [grid for grid in GRIDS if grid[2] == 1]
     for world_size, tp, pp in flat:
         wrong = _rank_groups_wrong(rank_groups, world_size, tp, pp)
         if wrong is not None:
             return wrong if wrong is False else _verdict(False, wrong)
+    if not _takes_pp(rank_groups):
+        polaris = _grid(8, 2)
+        crossing = sorted({rank // ranks_per_node for rank in polaris["dp"][0]})
+        return _verdict(True, f"every (dp, tp) grid right ({len(flat)} grids); on 2 Polaris nodes (8 ranks, tp 2) "
+                              f"every tp group ({polaris['tp']}) stays inside a node, and each dp group, e.g. "
+                              f"{polaris['dp'][0]}, spans nodes {crossing}; the stretch (optional) takes pp as a "
+                              "third argument")
     for world_size, tp, pp in (grid for grid in GRIDS if grid[2] > 1):
         wrong = _rank_groups_wrong(rank_groups, world_size, tp, pp, quiet=True)
         if wrong is not None:
-            return _verdict(True, f"every (dp, tp) grid right ({len(flat)} grids with pp = 1); the stretch, a "
-                                  f"pipeline, not yet: {wrong}")
+            return _verdict(True, f"every (dp, tp) grid right ({len(flat)} grids); the stretch, a pipeline, not "
+                                  f"yet: {wrong}")
     polaris = _grid(8, 2, 2)
     crossing = sorted({rank // ranks_per_node for rank in polaris["pp"][0]})
     return _verdict(True, f"on 2 Polaris nodes (8 ranks: pp 2, dp 2, tp 2) every tp group ({polaris['tp']}) and "

@@ -323,8 +323,8 @@ def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict]
     if list(order_here) != measured:
         return _verdict(False, f"your counts and milliseconds are right, but {list(order_here)} is not the order the "
                                "runs measured: "
-                               "weigh each layout's messages (about a millisecond each here, nothing overlapped) and "
-                               "the pipeline's bubble against its compute")
+                               "weigh each layout's messages (about a millisecond each here, nothing overlapped), "
+                               "recomputation's extra compute and the pipeline's bubble against its compute")
     return _verdict(True, f"{' < '.join(measured)}, as measured ("
                           + ", ".join(f"{kind} {by_kind[kind]['measured_ms']:.3g} ms" for kind in measured)
                           + f"): {', '.join(f'{kind} waits on {_messages(by_kind[kind])}' for kind in measured)} "
