@@ -68,3 +68,17 @@ def test_activities_follow_the_device():
     assert traces.activities(torch.device("cpu")) == [ProfilerActivity.CPU]
     assert traces.activities(torch.device("cuda", 1)) == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     assert traces.activities("xpu") == [ProfilerActivity.CPU, ProfilerActivity.XPU]
+
+
+def test_ddp_bucket_bytes_is_ddps_record_before_and_after_the_rebuild(gloo_group):
+    torch.manual_seed(0)
+    model = DDP(models.torch_cnn(width=64), bucket_cap_mb=1)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    record = traces.ddp_bucket_bytes(model)
+    assert [int(n) for n in record["first"].split(",")] == [total]  # one bucket in the first iteration
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    for _ in range(3):  # DDP rebuilds its buckets at the second forward, as lesson 6 runs it
+        F.cross_entropy(model(x), y).backward()
+    record = traces.ddp_bucket_bytes(model)
+    assert [int(n) for n in record["first"].split(",")] == [total]
+    assert [int(n) for n in record["rebuilt"].split(",")] == [3_216_936, 297_984]  # the 3.2 MB weight, then the rest

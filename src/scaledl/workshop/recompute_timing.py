@@ -3,6 +3,8 @@
 `seconds_per_step` builds the model from seed 0 with the block's recomputation mode, trains it with SGD and
 momentum on one random micro batch, and returns the mean wall time of a step after a warm-up, with the device
 synchronized before the clock starts and after it stops (a GPU runs its kernels after Python returns).
+`reruns_seconds` times, the same way, only the cheap operations that `selective` runs again: the lesson's rough
+prediction for that mode.
 """
 from __future__ import annotations
 
@@ -30,5 +32,32 @@ def seconds_per_step(width: int, depth: int, heads: int, seq_len: int, micro_bat
         F.cross_entropy(model(x), x).backward()  # the loss does not matter here, only the work
         optimizer.step()
         optimizer.zero_grad()
+    devices.synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
+def reruns_seconds(width: int, depth: int, heads: int, seq_len: int, micro_batch_size: int, steps: int = 20,
+                   device=None, warmup: int = 3) -> float:
+    """Mean seconds per step of the operations `--recompute selective` runs again, timed alone: in each block the
+    two LayerNorms, the residual sum after attention, the copy that joins the heads and GELU, on tensors of the
+    block's shapes. A rough prediction of selective's extra time: it leaves out the checkpoint's own bookkeeping."""
+    import torch
+    import torch.nn.functional as F
+
+    from scaledl import devices
+
+    device = torch.device("cpu") if device is None else device
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(width).to(device)
+    x = torch.randn(micro_batch_size, seq_len, width, device=device, requires_grad=True)
+    split = torch.randn(micro_batch_size, heads, seq_len, width // heads, device=device, requires_grad=True)
+    wide = torch.randn(micro_batch_size, seq_len, 4 * width, device=device, requires_grad=True)
+    start = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            devices.synchronize(device)
+            start = time.perf_counter()
+        for _ in range(depth):
+            _ = norm(x), x + x, norm(x), split.transpose(1, 2).reshape(micro_batch_size, seq_len, width), F.gelu(wide)
     devices.synchronize(device)
     return (time.perf_counter() - start) / steps

@@ -76,3 +76,15 @@ def ddp_events(events, min_share: float = 0.05) -> list[tuple[str, str, float, f
     rows += [("all-reduce", f"bucket {index}", start - zero, end - zero)
              for index, (start, end) in enumerate(sorted(reductions))]
     return rows
+
+
+def ddp_bucket_bytes(model) -> dict:
+    """DDP's own record of its buckets' bytes, as strings such as "3216936, 297984", in bucket order:
+    {"first": the first iteration's buckets, "rebuilt": the buckets DDP rebuilt after it (None before)}.
+
+    torch has no public call for this record.  It lives in `DistributedDataParallel._get_ddp_logging_data()`
+    (torch/nn/parallel/distributed.py; the keys are set in torch/csrc/distributed/c10d/logger.cpp), a
+    private method that may change between torch releases.  It is read here, not in a lesson's cell, so
+    that a learner's code uses only public calls."""
+    data = model._get_ddp_logging_data()
+    return {"first": data.get("bucket_sizes"), "rebuilt": data.get("rebuilt_bucket_sizes")}

@@ -72,3 +72,34 @@ def test_resumed_start_check(capsys):
     fails(capsys, checks.check_resumed_start([right[0], None]), "did not finish")
     fails(capsys, checks.check_resumed_start(None), "did not finish")
     fails(capsys, checks.check_resumed_start(right[:1]), "start 2 or more")
+
+
+class LiveRanks:
+    """Live ranks as an ipyparallel view shows them: `execute` runs code in every rank's namespace, `pull`
+    reads a name from each."""
+
+    def __init__(self, *namespaces):
+        self.namespaces = namespaces
+
+    def execute(self, code, block=True):
+        for namespace in self.namespaces:
+            exec(code, namespace)
+
+    def pull(self, name, block=True):
+        return [namespace[name] for namespace in self.namespaces]
+
+
+def test_the_gradients_names_are_read_off_each_ranks_wrapped_optimizer(capsys):
+    """The check reads Horovod's private name table so that the lesson's cells need not; a rank without a
+    wrapped optimizer gives None, and unnamed parameters still reach check_horovod_sync's hint."""
+
+    class Wrapped:  # what hvd.DistributedOptimizer keeps: each parameter's name
+        def __init__(self, *names):
+            self._parameter_names = {object(): name for name in names}
+
+    named = LiveRanks({"optimizer": Wrapped("0.weight", "0.bias")}, {"optimizer": object()})
+    assert checks.horovod_gradient_names(named) == [["0.bias", "0.weight"], None]
+    unnamed = LiveRanks(*({"optimizer": Wrapped("allreduce.noname.0.0")} for _ in range(WORLD)))
+    errors = [{"average": 3e-8, "sum": 4e-3}] * WORLD
+    fails(capsys, checks.check_horovod_sync([["w", "o", "e"]] * WORLD, "torch", errors,
+                                            checks.horovod_gradient_names(unnamed)), "allreduce.noname.0.0")

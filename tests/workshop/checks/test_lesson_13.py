@@ -1,4 +1,4 @@
-"""Lesson 12's checks (sequence parallelism's bytes, ring attention): each passes the solution, FAILs on what an
+"""Lesson 13's checks (sequence parallelism's bytes, ring attention): each passes the solution, FAILs on what an
 untouched exercise leaves, and FAILs on the wrong answers a learner plausibly writes, naming the fix in one line.
 
 The ring runs here as the ranks run it, one rank after another in one process: each rank's loop sees the key and
@@ -127,6 +127,9 @@ def test_ring_attention(capsys, world_size, causal):
           "travel around the ring")
     fails(capsys, checks.check_ring_attention([o[..., :-1, :] for o in ring(qs, ks, vs, causal)], qs, ks, vs, causal),
           "one output row per query")
+    with_nan = ring(qs, ks, vs, causal)
+    with_nan[-1][0, 0, 0, 0] = float("nan")
+    fails(capsys, checks.check_ring_attention(with_nan, qs, ks, vs, causal), "holds NaN")
     noisy = [o + 1e-3 for o in ring(qs, ks, vs, causal)]
     fails(capsys, checks.check_ring_attention(noisy, qs, ks, vs, causal), "differs from full attention")
     if causal:

@@ -15,7 +15,7 @@ from scaledl.workshop.checks.lesson_02 import (SimulatedDevice, check_samples_pe
                                                check_stopwatch_prediction)
 from scaledl.workshop.checks.lesson_03 import check_all_reduce, check_ring_prediction, check_sharding, ring_allreduce_s
 from scaledl.workshop.checks.lesson_04 import check_fusion, check_horovod_sync, horovod_fuse
-from scaledl.workshop.checks.lesson_05 import check_resumed_start, check_summed_step
+from scaledl.workshop.checks.lesson_05 import check_resumed_start, check_summed_step, horovod_gradient_names
 from scaledl.workshop.checks.lesson_06 import (check_accumulation, check_bucket_record, check_ddp_buckets,
                                                check_in_sync, check_rank_device, check_uneven_step,
                                                check_wrap_prediction)
@@ -47,5 +47,5 @@ __all__ = [
     "check_stage2_window", "check_tensor_parallel_mlp", "check_training_memory", "check_training_days",
     "check_training_nodes",
     "check_warmup", "check_window_prediction", "check_wrap_prediction", "check_zero_formula", "deepspeed_batch",
-    "from_ranks", "gather", "horovod_fuse", "ring_allreduce_s", "SimulatedDevice",
+    "from_ranks", "gather", "horovod_fuse", "horovod_gradient_names", "ring_allreduce_s", "SimulatedDevice",
 ]

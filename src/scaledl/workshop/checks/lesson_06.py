@@ -323,7 +323,7 @@ def _recorded_bytes(recorded) -> list[int] | None:
 def check_bucket_record(predict, model, bucket_cap_mb, recorded, events_by_rank, device_type: str = "cpu") -> bool:
     """Lesson 6, on the live ranks: `predict(model, bucket_cap_mb)` (Exercise 2) against what DDP did with
     that model.  `recorded` is DDP's own record of its buckets' bytes after the rebuild
-    (`_get_ddp_logging_data()["rebuilt_bucket_sizes"]`), in bucket index order, the order DDP launches
+    (`scaledl.workshop.traces.ddp_bucket_bytes(model)["rebuilt"]`), in bucket index order, the order DDP launches
     their all-reduces; `events_by_rank` holds each rank's `scaledl.workshop.traces.ddp_events` rows of one
     profiled backward.  It passes when the predicted buckets carry DDP's bytes, bucket by bucket; every
     rank made one all-reduce per bucket; the last bucket's all-reduce (the first layers' gradients)

@@ -122,6 +122,7 @@ def check_activation_prediction(activation_bytes) -> bool:
 
     if activation_bytes is None:
         return _unfinished("activation_bytes")
+    worst = 0.0  # the largest relative gap that still passed
     for seq_len, batch, width, heads, depth in _ACTIVATION_CASES:
         where = f"s={seq_len}, b={batch}, h={width}, a={heads}, {depth} blocks"
         got = _number("activation_bytes", where, lambda: activation_bytes(seq_len, batch, width, heads, depth),
@@ -132,6 +133,7 @@ def check_activation_prediction(activation_bytes) -> bool:
         model = models.gpt(width, depth, heads, seq_len)
         counted, _ = activations.held_by_forward(model, torch.randint(0, models.VOCAB_SIZE, (batch, seq_len)))
         if abs(got - counted) <= 0.02 * counted:
+            worst = max(worst, abs(got - counted) / counted)
             continue
         tokens = seq_len * batch
         per_block = 4 * tokens * (16 * width + 4 + heads)
@@ -148,8 +150,10 @@ def check_activation_prediction(activation_bytes) -> bool:
                      * value),
                     "walk one block's forward and list what each operation keeps for its backward")
         return _verdict(False, f"{where}: predicted {got:,.0f} bytes, counted {counted:,}: {hint}")
+    gap = "" if worst < 1e-6 else (f", off by up to {worst:.1%}: the formula below the check names the small terms "
+                                   "left out")
     return _verdict(True, "the activations predicted within 2% of the bytes the live model keeps, at "
-                          f"{len(_ACTIVATION_CASES)} sizes")
+                          f"{len(_ACTIVATION_CASES)} sizes{gap}")
 
 
 def check_recompute(recompute_block) -> bool:

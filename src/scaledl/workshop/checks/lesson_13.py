@@ -181,8 +181,13 @@ def check_ring_attention(outputs, qs, ks, vs, causal: bool, tolerance: float = 1
         if tuple(out.shape) != tuple(qs[rank].shape):
             return _verdict(False, f"rank {rank}'s `{name}` has shape {tuple(out.shape)}: it must match its "
                                    f"queries, {tuple(qs[rank].shape)} (one output row per query)")
-    errors = [(out.double() - expected[..., r * n:(r + 1) * n, :]).abs().max().item() for r, out in enumerate(outputs)]
     mode = "causal" if causal else "without a mask"
+    for rank, out in enumerate(outputs):
+        if torch.isnan(out).any():
+            return _verdict(False, f"{mode}: rank {rank}'s `{name}` holds NaN: exp(-inf - (-inf)) is NaN, so a query "
+                                   "must not fold in a block while its running maximum and all the block's scores are "
+                                   "-inf; leave out the keys it may not see")
+    errors = [(out.double() - expected[..., r * n:(r + 1) * n, :]).abs().max().item() for r, out in enumerate(outputs)]
     if max(errors) <= tolerance:
         return _verdict(True, f"ring attention {mode} on {p} ranks equals full attention (max error "
                               f"{max(errors):.1e}): every query met every key it may see, with one softmax")
