@@ -68,8 +68,6 @@ def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> 
     """What a lesson after lesson 0 prints: the interactive job for its live ranks, the job script
     to submit, its node request, its modules where they are not lesson 0's, and its `scaledl launch` line.
     Lesson 0 reads a whole script line by line (`full=True`)."""
-    the_job = job(rung, system)
-    submit = "qsub" if system in ("polaris", "aurora") else "sbatch"
     lines = []
     if live_ranks:
         lines += [f"# This notebook's live ranks: an interactive job on one node; in it, engines.start(WORLD_SIZE) "
@@ -77,7 +75,7 @@ def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> 
     select = next(line for line in header(rung, system) if line.startswith("#PBS -l select="))
     # Lesson 0 reads a Polaris script once; here only what differs from it is named.
     walk = "" if system == "polaris" else " (as lesson 0's Polaris script, with other modules and launch)"
-    lines += [f"# The rung's job: {submit} jobs/{system}/{the_job.name}.sh{walk}. It asks for", select]
+    lines += [f"# The rung's job: {_submit(rung, system)}{walk}. It asks for", select]
     if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
         lines += ["# and loads", module_lines(rung, system)[-1], venv_line(rung, system)]
     # The script's own launch line, not the mpiexec line it becomes: lesson 0's batch-jobs page reads that
@@ -99,6 +97,16 @@ def _own_modules(rung: str, system: str) -> bool:
     """Whether the rung's job loads other modules or another venv than lesson 0's."""
     return (module_lines(rung, system)[-1] != _commands(jobs.SETUP[system])
             or ".venv-tf" in jobs.RUNG_SETUP.get((system, rung), ""))
+
+
+def _submit(rung: str, system: str) -> str:
+    """The command that submits the rung's job script: on ALCF's PBS with `-A` (the scripts' `#PBS -A` holds a
+    placeholder, and a job without a real project is refused), under Slurm plain `sbatch`."""
+    script = f"jobs/{system}/{job(rung, system).name}.sh"
+    if system not in ("polaris", "aurora"):
+        return f"sbatch {script}"
+    account = next(line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -A "))
+    return f"qsub -A {account} {script}"
 
 
 def _interactive(rung: str, system: str) -> str:
@@ -129,7 +137,7 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
                   launch_lines(live_ranks, live_ranks, ["ipyparallel.engine"], system)[-1],
                   ""]
     lines += [f"# jobs/{system}/{the_job.name}.sh, the lines that matter (submit the whole script: "
-              f"qsub jobs/{system}/{the_job.name}.sh)",
+              f"{_submit(rung, system)})",
               *header(rung, system),
               'cd "$PBS_O_WORKDIR"',
               *module_lines(rung, system),

@@ -261,7 +261,8 @@ def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict]
     """`messages_here`: {"dp": n, "tp": n, "pp": n}, the all-reduces or sends one step of each 2-rank layout waits
     on (`_messages`); `comm_ms_here(link)`: each layout's predicted communication a step in milliseconds (messages
     times one message's cost on `link`, the fitted all-reduce), within a factor of 2 of the chooser's (`compare`'s
-    rows); `order_here`: the three kinds, fastest measured step first (`compare`'s rows, one of each kind).  A FAIL
+    rows); `order_here`: the three kinds, fastest step first, graded against the measured order or the model's
+    (`compare`'s rows, one of each kind: one noisy run can swap layouts the model sets close).  A FAIL
     names the idea to recount or reweigh, never the number or the order."""
     import math
 
@@ -320,11 +321,18 @@ def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict]
         return _verdict(False, f"`order_here` lists \"dp\", \"tp\" and \"pp\" once each, fastest first, got "
                                f"{order_here!r}")
     measured = [_kind(row) for row in sorted(rows, key=lambda row: row["measured_ms"])]
-    if list(order_here) != measured:
-        return _verdict(False, f"your counts and milliseconds are right, but {list(order_here)} is not the order the "
-                               "runs measured: "
+    modelled = [_kind(row) for row in sorted(rows, key=lambda row: row["predicted_ms"])]
+    if list(order_here) not in (measured, modelled):
+        return _verdict(False, f"your counts and milliseconds are right, but {list(order_here)} is neither the order "
+                               "the model predicts nor the one the runs measured: "
                                "weigh each layout's messages (about a millisecond each here, nothing overlapped), "
                                "recomputation's extra compute and the pipeline's bubble against its compute")
+    if list(order_here) != measured:
+        # One run on shared cores can swap two layouts the model sets close: the reasoning is graded, not the noise.
+        return _verdict(True, f"{' < '.join(modelled)} is the model's order, but this run measured "
+                              f"{' < '.join(measured)} ("
+                              + ", ".join(f"{kind} {by_kind[kind]['measured_ms']:.3g} ms" for kind in measured)
+                              + "): a miss of the model on this machine, not of your reasoning")
     return _verdict(True, f"{' < '.join(measured)}, as measured ("
                           + ", ".join(f"{kind} {by_kind[kind]['measured_ms']:.3g} ms" for kind in measured)
                           + f"): {', '.join(f'{kind} waits on {_messages(by_kind[kind])}' for kind in measured)} "
