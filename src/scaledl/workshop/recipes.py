@@ -105,18 +105,21 @@ def _submit(rung: str, system: str) -> str:
     script = f"jobs/{system}/{job(rung, system).name}.sh"
     if system not in ("polaris", "aurora"):
         return f"sbatch {script}"
-    account = next(line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -A "))
-    return f"qsub -A {account} {script}"
+    return f"qsub -A {_account(rung, system)} {script}"
+
+
+def _account(rung: str, system: str) -> str:
+    """The allocation the rung's PBS header charges (`#PBS -A`)."""
+    return next(line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -A "))
 
 
 def _interactive(rung: str, system: str) -> str:
     """`qsub -I` for one node of the rung's job: its allocation and file systems, the debug queue, an hour."""
-    directives = dict(line.split(" ", 2)[1:] for line in header(rung, system) if not line.startswith("#PBS -l "))
     limits = [line.split(" ", 2)[2] for line in header(rung, system) if line.startswith("#PBS -l ")]
     select = next(limit for limit in limits if limit.startswith("select="))
     one_node = "select=1" + select[len(select.split(":")[0]):]
     filesystems = next(limit for limit in limits if limit.startswith("filesystems="))
-    return f"qsub -I -A {directives['-A']} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}"
+    return f"qsub -I -A {_account(rung, system)} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}"
 
 
 def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, full: bool = True) -> str:

@@ -17,23 +17,20 @@ def seconds_per_step(width: int, depth: int, heads: int, seq_len: int, micro_bat
     import torch
     import torch.nn.functional as F
 
-    from scaledl import devices, models
+    from scaledl import models
 
     device = torch.device("cpu") if device is None else device
     torch.manual_seed(0)
     model = models.gpt(width, depth, heads, seq_len, recompute=recompute).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randint(0, models.VOCAB_SIZE, (micro_batch_size, seq_len), device=device)
-    start = None
-    for step in range(warmup + steps):
-        if step == warmup:
-            devices.synchronize(device)
-            start = time.perf_counter()
+
+    def step():
         F.cross_entropy(model(x), x).backward()  # the loss does not matter here, only the work
         optimizer.step()
         optimizer.zero_grad()
-    devices.synchronize(device)
-    return (time.perf_counter() - start) / steps
+
+    return _mean_seconds(step, steps, warmup, device)
 
 
 def reruns_seconds(width: int, depth: int, heads: int, seq_len: int, micro_batch_size: int, steps: int = 20,
@@ -44,20 +41,30 @@ def reruns_seconds(width: int, depth: int, heads: int, seq_len: int, micro_batch
     import torch
     import torch.nn.functional as F
 
-    from scaledl import devices
-
     device = torch.device("cpu") if device is None else device
     torch.manual_seed(0)
     norm = torch.nn.LayerNorm(width).to(device)
     x = torch.randn(micro_batch_size, seq_len, width, device=device, requires_grad=True)
     split = torch.randn(micro_batch_size, heads, seq_len, width // heads, device=device, requires_grad=True)
     wide = torch.randn(micro_batch_size, seq_len, 4 * width, device=device, requires_grad=True)
-    start = None
-    for step in range(warmup + steps):
-        if step == warmup:
-            devices.synchronize(device)
-            start = time.perf_counter()
+
+    def step():
         for _ in range(depth):
             _ = norm(x), x + x, norm(x), split.transpose(1, 2).reshape(micro_batch_size, seq_len, width), F.gelu(wide)
+
+    return _mean_seconds(step, steps, warmup, device)
+
+
+def _mean_seconds(step, steps: int, warmup: int, device) -> float:
+    """Mean wall seconds of `step()` over `steps` calls after `warmup` untimed ones, the device synchronized
+    before the clock starts and after it stops (not between calls: a GPU queues them as a training loop does)."""
+    from scaledl import devices
+
+    for _ in range(warmup):
+        step()
+    devices.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
     devices.synchronize(device)
     return (time.perf_counter() - start) / steps
