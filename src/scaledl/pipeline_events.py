@@ -15,6 +15,7 @@ forward and backward only, and the rest shows as idle.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 
@@ -98,6 +99,44 @@ def compute_only(events: list) -> list:
             if not progressed:
                 raise ValueError(f"step {step}: the recorded order waits on itself; not a pipeline schedule")
     return replayed
+
+
+def _timed_steps(events: list, skip_first: bool) -> list:
+    steps = sorted({e[0] for e in events})
+    return steps[1:] if skip_first and len(steps) > 1 else steps
+
+
+def step_seconds(events: list, skip_first: bool = True) -> float:
+    """The median step, from its first forward's start to its last backward's end on any rank (the first step
+    left out when there are more, as in `bubble`)."""
+    spans = []
+    for step in _timed_steps(events, skip_first):
+        mine = [e for e in events if e[0] == step]
+        spans.append(max(e[6] for e in mine) - min(e[5] for e in mine))
+    return statistics.median(spans)
+
+
+def handoff_seconds(events: list, skip_first: bool = True) -> float:
+    """The time a step spends passing tensors between ranks, from the stages' own clocks.  A forward or backward
+    whose input comes from another rank could start once that input was computed there and its own rank's
+    previous call had ended; the hand-off is the time from then to its start (the send, the receive and the
+    schedule's work around them).  Summed per rank in each step: the median over steps of the larger rank's sum.
+    `compute_only`'s replay has none of it."""
+    last = max(e[2] for e in events)
+    per_step = []
+    for step in _timed_steps(events, skip_first):
+        mine = sorted((e for e in events if e[0] == step), key=lambda e: e[5])
+        ends = {(e[3], e[2], e[4]): (e[6], e[1]) for e in mine}  # (kind, stage, micro batch) -> (end, rank)
+        previous_end, handed = {}, {}
+        for _, rank, stage, kind, micro, start, end in mine:
+            needs = ("F", stage - 1, micro) if kind == "F" and stage > 0 else (
+                ("B", stage + 1, micro) if kind == "B" and stage < last else None)
+            if needs in ends and ends[needs][1] != rank:
+                ready = max(ends[needs][0], previous_end.get(rank, ends[needs][0]))
+                handed[rank] = handed.get(rank, 0.0) + max(0.0, start - ready)
+            previous_end[rank] = end
+        per_step.append(max(handed.values(), default=0.0))
+    return statistics.median(per_step)
 
 
 def predicted_bubble(stages: int, micro_batches: int, chunks_per_rank: int = 1) -> float:

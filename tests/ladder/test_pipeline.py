@@ -151,3 +151,21 @@ def test_compute_only_removes_the_waits_for_sends():
     assert pipeline_events.bubble(pipeline_events.compute_only(slow)) > 1 / 3
     with pytest.raises(ValueError, match="waits on itself"):  # a backward before its forward
         pipeline_events.compute_only([[1, 0, 0, "B", 0, 0, 1], [1, 0, 0, "F", 0, 1, 2]])
+
+
+def test_the_handoffs_are_the_time_the_replay_removes():
+    """The same events: each send costs half a unit, once on each rank (stage 1's F0, stage 0's B1); stage 1's
+    F1 and stage 0's B0 wait for their own rank, not for a send.  The step is 7 units as it ran, 6 replayed."""
+    sent = [[1, 0, 0, "F", 0, 0, 1], [1, 0, 0, "F", 1, 1, 2], [1, 1, 1, "F", 0, 1.5, 2.5],
+            [1, 1, 1, "F", 1, 2.5, 3.5], [1, 1, 1, "B", 1, 3.5, 4.5], [1, 1, 1, "B", 0, 4.5, 5.5],
+            [1, 0, 0, "B", 1, 5, 6], [1, 0, 0, "B", 0, 6, 7]]
+    assert pipeline_events.handoff_seconds(sent) == pytest.approx(0.5)
+    assert pipeline_events.step_seconds(sent) == pytest.approx(7)
+    assert pipeline_events.step_seconds(pipeline_events.compute_only(sent)) == pytest.approx(6)
+    assert pipeline_events.handoff_seconds(pipeline_events.compute_only(sent)) == 0
+    # A second step whose sends cost 2 units on rank 0: the first step (set-up) is left out, and the larger
+    # rank's sum is taken.
+    slow = [[2, r, st, k, m, a + 10, b + 10] for _, r, st, k, m, a, b in sent]
+    slow = [[*e[:5], e[5] + 1.5, e[6] + 1.5] if e[1] == 0 and e[3] == "B" else e for e in slow]
+    assert pipeline_events.handoff_seconds([*sent, *slow]) == pytest.approx(2)
+    assert pipeline_events.handoff_seconds([*sent, *slow], skip_first=False) == pytest.approx(1.25)

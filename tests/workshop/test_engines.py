@@ -36,6 +36,10 @@ def test_local_uses_open_mpis_mpiexec():
     plan = engines.plan(None, env={"PATH": "/usr/bin"}, hostname="laptop")
     assert plan.system == "local" and plan.world_size == 2
     assert plan.mpi_cmd == [launchers.tool("mpiexec")] and plan.mpi_args == []
+    # Lesson 0 prints this line: no mpi_args leaves single spaces, not `-n 2  python`.
+    mpiexec = launchers.tool("mpiexec")
+    assert plan.line("python", "-m", "ipyparallel.engine") == f"{mpiexec} -n 2 python -m ipyparallel.engine"
+    assert plan.line() == f"{mpiexec} -n 2"
 
 
 def test_polaris_binds_cpus_next_to_each_gpu(tmp_path):
@@ -48,6 +52,7 @@ def test_polaris_binds_cpus_next_to_each_gpu(tmp_path):
     assert "--ppn 4 --depth 8 --cpu-bind depth" in args and f"--hostfile {nodefile}" in args
     assert "CUDA_VISIBLE_DEVICES=$((3 - r % 4))" in args  # local rank r on NUMA node r takes GPU 3 - r
     assert "-n" not in plan.mpi_args  # ipyparallel adds `-n 4` itself
+    assert plan.line("python").startswith("mpiexec -n 4 --ppn 4 --depth 8") and "  " not in plan.line("python")
     assert plan.env["NCCL_NET"] == "AWS Libfabric"
 
 

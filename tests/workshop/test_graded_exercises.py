@@ -77,16 +77,13 @@ def test_papermill_overrides_the_parameters_cell(path, tmp_path):
 
 
 def test_lesson_0_binding_exercises_pass_with_the_right_answers():
-    """The four binding checks of lesson 0's appendix, run in the notebook itself, top to bottom,
+    """The two binding checks of lesson 0's appendix, run in the notebook itself, top to bottom,
     with the answers filled in (its stored cells hold None, for the learner to fill in): every
-    check says PASS, the eight ranks' wrapper gives GPU 3 - r / 2, and the two-rank launch is drawn.
+    check says PASS, the four ranks keep 16 CPUs each next to their GPUs, and the launch is drawn.
     The appendix starts no live ranks."""
     notebook = nbformat.read(ROOT / "notebooks" / "00_appendix_placement.ipynb", as_version=4)
-    answers = {"EIGHT_RANK_VERDICTS = ": 'EIGHT_RANK_VERDICTS = {0: "local", 7: "local", '
-                                         '**{r: "far" for r in range(1, 7)}}\n',
-               "GPU_OF_RANK = ": 'GPU_OF_RANK = "3 - r / 2"\n',
-               "VERDICTS = ": 'VERDICTS = {0: "split", 1: "far"}\n',
-               "CPU_BIND = ": 'CPU_BIND = "list:0-7:8-15"\n'}
+    answers = {"VERDICTS = ": 'VERDICTS = {0: "split", 1: "far", 2: "far", 3: "split"}\n',
+               "CPU_BIND = ": 'CPU_BIND = "list:0-7,32-39:8-15,40-47:16-23,48-55:24-31,56-63"\n'}
     assert not any("engines.start" in cell.source for cell in notebook.cells if cell.cell_type == "code")
     filled = []
     for cell in notebook.cells:
@@ -99,7 +96,8 @@ def test_lesson_0_binding_exercises_pass_with_the_right_answers():
     lines = [line for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
              if output.output_type == "stream" for line in output.text.splitlines()]
     verdicts = [line for line in lines if line.startswith(("PASS", "FAIL"))]
-    assert len(verdicts) == 4 and all(line.startswith("PASS") for line in verdicts), verdicts
-    assert "CUDA_VISIBLE_DEVICES=$((3 - r / 2))" in "\n".join(lines)
-    assert "mpiexec -n 2 --ppn 2 --depth 16 --cpu-bind list:0-7:8-15" in "\n".join(lines)
-    assert "OMP_NUM_THREADS=8" in "\n".join(lines)
+    assert len(verdicts) == 2 and all(line.startswith("PASS") for line in verdicts), verdicts
+    assert "mpiexec -n 4 --ppn 4 --depth 16 --cpu-bind list:0-7,32-39:8-15,40-47" in "\n".join(lines)
+    assert "OMP_NUM_THREADS=16" in "\n".join(lines)
+    assert sum("image/png" in output.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
+               for output in cell.outputs) == 3  # the node, the launch, Aurora's two launches

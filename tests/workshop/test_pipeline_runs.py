@@ -39,3 +39,21 @@ def test_run_rung_says_why_it_failed(monkeypatch):
     monkeypatch.setattr(launchers, "torchrun", lambda n, module, args: failing)
     with pytest.raises(RuntimeError, match="no such stage"):
         pipeline_runs.run_rung(2)
+
+
+def test_one_f_one_b_draws_the_lessons_schedule():
+    assert pipeline_runs.one_f_one_b(2, 3) == (
+        "slot:     1   2   3   4   5   6   7   8\n"
+        "stage 0:  F0  F1  .   B0  F2  B1  .   B2\n"
+        "stage 1:  .   F0  B0  F1  B1  F2  B2  .")
+    for stages, microbatches in ((3, 4), (3, 2), (4, 8)):
+        rows = [line.split()[2:] for line in pipeline_runs.one_f_one_b(stages, microbatches).splitlines()[1:]]
+        for stage, row in enumerate(rows):
+            held = peak = 0
+            for call in row:
+                held += {"F": 1, "B": -1}.get(call[0], 0)
+                peak = max(peak, held)
+            assert peak == min(microbatches, stages - stage)  # what 1F1B holds, lesson 11's Exercise 4
+            calls = [f"{kind}{m}" for kind in "FB" for m in range(microbatches)]
+            assert sorted(row) == sorted([*calls, *["."] * (len(row) - len(calls))])  # each call once
+        assert len(rows[0]) == 2 * (microbatches + stages - 1)  # fill and drain: S - 1 slots each way

@@ -182,6 +182,9 @@ def test_horovod_cycles_wait_for_every_rank_and_fuse_what_is_ready():
     small = plots.horovod_cycles(submitted, sizes, cycle_ms=1.0, fusion_bytes=100_000)
     # fc1 is over the threshold and between the two convolutions: three buffers.
     assert small.reductions == [(1.0, ["fc2"]), (2.0, ["conv1"]), (2.0, ["fc1"]), (2.0, ["conv2"])]
+    model_ax = fig.axes[1]  # the modelled row says so in the figure itself, not only in the text around it
+    assert model_ax.get_title().startswith("model, not measured")
+    assert [label.get_text() for label in model_ax.get_yticklabels()] == ["all ranks (model)"]
     drawn(fig)
 
 

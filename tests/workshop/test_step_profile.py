@@ -63,6 +63,49 @@ def test_gap_split_sets_the_stopwatch_beside_the_operators_rows(capsys):
         assert len(out.splitlines()) == 3 and max(len(line) for line in out.splitlines()) < 120
 
 
+def _profile(times_ms):  # one step's self time per operator, profiled over 5 steps
+    events = [event(key, 5 * 1000 * ms) for key, ms in times_ms.items()]
+    total, share = step_profile.self_time_by_kind(events, "self_cpu_time_total")
+    return step_profile.StepProfile(events, "self_cpu_time_total", total, share, 5)
+
+
+BATCH_64 = {"aten::max_pool2d_with_indices": 2.0, "aten::mkldnn_convolution": 1.0, "aten::mm": 1.0, "aten::relu": 1.0}
+
+
+def test_growth_names_the_operator_that_grew_most_and_gives_the_verdict(capsys):
+    pooling_slow = dict(BATCH_64, **{"aten::max_pool2d_with_indices": 16.0, "aten::mkldnn_convolution": 4.0,
+                                     "aten::mm": 4.0, "aten::relu": 4.0})
+    result = step_profile.growth(_profile(BATCH_64), _profile(pooling_slow), 4)
+    assert result["top"] == "aten::max_pool2d_with_indices" and result["top_growth"] == pytest.approx(8.0)
+    assert result["flop_growth"] == pytest.approx(4.0) and result["other_growth"] == pytest.approx(20 / 3)
+    out = capsys.readouterr().out
+    assert "beyond 4x: aten::max_pool2d_with_indices, 2.00 to 16.00 ms per step (8.0x for 4x the batch)" in out
+    assert "verdict: the operators without FLOPs slowed per sample, as a batch too large" in out
+    assert max(len(line) for line in out.splitlines()) < 120
+
+    in_proportion = {key: 4 * ms for key, ms in BATCH_64.items()}
+    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4)["verdict"] == \
+        "no part slowed per sample: no support for the cache story"
+    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4, stopwatch_growth=6.4)["verdict"] \
+        == "no part slowed per sample, so no support for the cache story; the stopwatch's 6.4x stays unexplained here"
+    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4, stopwatch_growth=4.0)["verdict"] \
+        == "no part slowed per sample, nor the stopwatch's rest (4.0x): no cache story to test"
+    products_slow = dict(in_proportion, **{"aten::mkldnn_convolution": 12.0})  # 12x where the batch is 4x
+    result = step_profile.growth(_profile(BATCH_64), _profile(products_slow), 4)
+    assert result["top"] == "aten::mkldnn_convolution" and result["flop_growth"] == pytest.approx(8.0)
+    assert result["verdict"].startswith("the products slowed per sample, the other operators did not")
+    both_slow = dict(products_slow, **{"aten::relu": 9.0})
+    assert step_profile.growth(_profile(BATCH_64), _profile(both_slow), 4)["verdict"].startswith("both parts slowed")
+    small_but_slow = dict(in_proportion, **{"aten::relu": 6.0, "aten::max_pool2d_with_indices": 9.0})
+    assert step_profile.growth(_profile(BATCH_64), _profile(small_but_slow), 4)["top"] == "aten::relu"  # 2 ms > 1
+
+
+def test_profile_steps_can_profile_without_printing(capsys):
+    x = torch.randn(4, 4, requires_grad=True)
+    profile = step_profile.profile_steps(lambda: (x @ x).sum().backward(), torch.device("cpu"), 2, show=False)
+    assert capsys.readouterr().out == "" and "aten::mm" in step_profile.self_time_per_operator(profile)
+
+
 def test_a100_ceiling_takes_the_peak_each_kind_is_allowed(capsys):
     counts = {"aten.convolution_backward": 0.2457e9, "aten.convolution": 0.1301e9, "aten.mm": 0.0517e9,
               "aten.addmm": 0.0259e9}

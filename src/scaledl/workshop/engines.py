@@ -48,6 +48,11 @@ class EnginePlan:
     env: dict[str, str] = field(default_factory=dict)  # set for the engines (communication presets)
     note: str = ""  # why the ranks run where they do, when it is not one per GPU
 
+    def line(self, *program: str) -> str:
+        """The launch as one line, `program` (the engine's command, say) at its end: words joined by
+        single spaces, so an empty `mpi_args` (Open MPI on a laptop) leaves no gap."""
+        return " ".join([*self.mpi_cmd, "-n", str(self.world_size), *self.mpi_args, *program])
+
 
 def default_world_size(accelerators: int | None = None) -> int:
     """One rank per accelerator, as a training job runs, where the node has two or more; else
@@ -125,7 +130,7 @@ def start(world_size: int | None = None, system: str | None = None, timeout_s: f
     cluster.config.MPILauncher.mpi_args = how.mpi_args
     if how.system == "slurm":
         cluster.config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-c", SLURM_ENGINE]
-    command = " ".join(how.mpi_cmd + ["-n", str(how.world_size)] + how.mpi_args)
+    command = how.line()
     try:
         # start_and_connect_sync, without its progress bar: a notebook keeps only a widget's first
         # frame ("0/2 engine/s"), and the line printed below says the ranks are up.

@@ -411,9 +411,8 @@ def horovod_cycles(submitted: list[dict], sizes: dict, cycle_ms: float = 1.0, fu
     for tick in range(ticks + 1):
         model_ax.axvline(tick * cycle_ms, color="gray", linewidth=0.8, linestyle=":",
                          label=None if tick else f"the background thread's tick, every {cycle_ms:g} ms")
-    model_ax.set(yticks=[0], yticklabels=["all ranks"], ylim=(0.9, -0.6), xlim=(0, right), xlabel="ms",
-                 title="modelled from those times: at each tick, one fused all-reduce of what every rank has "
-                       "handed over")
+    model_ax.set(yticks=[0], yticklabels=["all ranks (model)"], ylim=(0.9, -0.6), xlim=(0, right), xlabel="ms",
+                 title="model, not measured: at each tick, one fused all-reduce of what every rank has handed over")
     handles, labels = model_ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     if right / cycle_ms <= 20:

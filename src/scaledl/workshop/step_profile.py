@@ -8,7 +8,9 @@ kernel's row holds the same time again. `gap_split` prints that sum per step bes
 the stopwatch's step without the profiler (which also times the work between operators, and none of
 the profiler's recording), in one short line. It then divides the sum into the operators that do the
 counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap
-over its FLOP floor is larger. `a100_ceiling` divides the
+over its FLOP floor is larger. `growth` sets two profiles of one step at two batch sizes side by side: the
+operator whose self time grew most, how much each part grew, and whether a part slowed per sample.
+`a100_ceiling` divides the
 step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
 allows for each kind.
 """
@@ -59,9 +61,9 @@ def table_total(events, sort_by: str) -> float:
     return sum(event.self_device_time_total for event in events if event.device_type != DeviceType.CPU)
 
 
-def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8) -> StepProfile:
+def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8, show: bool = True) -> StepProfile:
     """Profile `num_steps` calls of `step()` (synchronized at the end), print the table and the
-    self time by kind, and return both."""
+    self time by kind (unless `show` is false), and return both."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # keeps Kineto's start and stop lines off stderr
     from torch.profiler import ProfilerActivity, profile
 
@@ -75,8 +77,10 @@ def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8) -> StepP
         timing.synchronize(device)
     sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     events = profiler.key_averages()
-    print(events.table(sort_by=sort_by, row_limit=row_limit))
     total, share = self_time_by_kind(events, sort_by)
+    if not show:
+        return StepProfile(events, sort_by, total, share, num_steps, table_total(events, sort_by))
+    print(events.table(sort_by=sort_by, row_limit=row_limit))
     print(f"operators' {'GPU' if on_gpu else 'CPU'} self time by kind: "
           + ", ".join(f"{kind} {value:.0%}" for kind, value in sorted(share.items(), key=lambda item: -item[1])))
     return StepProfile(events, sort_by, total, share, num_steps, table_total(events, sort_by))
@@ -109,6 +113,51 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
           + (", the larger part of the gap" if others_larger
              else "; the larger part of the gap is the products running below the large matmul's rate"))
     return {"flop_ops_s": flop_ops_s, "other_s": other_s, "rate": rate}
+
+
+def self_time_per_operator(profile: StepProfile) -> dict:
+    """Each operator's self time per step, in seconds (the operators' rows only, as `self_time_by_kind`)."""
+    return {event.key: getattr(event, profile.sort_by) / 1e6 / profile.num_steps for event in profile.events
+            if event.key.startswith(("aten::", "Optimizer."))}
+
+
+def growth(small: StepProfile, large: StepProfile, scale: float, stopwatch_growth: float | None = None) -> dict:
+    """Print and return how the operators' self time per step grew from `small` to `large`, a profile of
+    the same step at a batch `scale` times larger: the operator whose time grew most beyond `scale` times its
+    time in `small` (in milliseconds), the growth of the operators with counted FLOPs and of the rest, and a
+    verdict. A part "slowed per sample" where it grew more than 1.1 x `scale`, lesson 2's edge for the
+    stopwatch's rest; `stopwatch_growth`, that rest's growth, says whether the stopwatch saw a slowdown too."""
+    before, after = self_time_per_operator(small), self_time_per_operator(large)
+    top = max(after, key=lambda key: after[key] - scale * before.get(key, 0.0))  # the most time beyond `scale` x
+    top_growth = after[top] / before[top] if before.get(top) else float("inf")
+
+    def part_growth(counted: bool) -> float:
+        def part(times):
+            return sum(t for key, t in times.items()
+                       if any(KINDS[kind](key) for kind in FLOP_KINDS) == counted)
+        return part(after) / part(before) if part(before) else float("inf")
+
+    flop_growth, other_growth = part_growth(True), part_growth(False)
+    edge = 1.1 * scale
+    print(f"grew most beyond {scale:g}x: {top}, {before.get(top, 0.0) * 1e3:.2f} to {after[top] * 1e3:.2f} ms "
+          f"per step ({top_growth:.1f}x for {scale:g}x the batch)")
+    print(f"convolutions and matrix multiplies grew {flop_growth:.1f}x, all other operators {other_growth:.1f}x")
+    neither = "no part slowed per sample: no support for the cache story"
+    if stopwatch_growth is not None and stopwatch_growth > edge:
+        neither = ("no part slowed per sample, so no support for the cache story; "
+                   f"the stopwatch's {stopwatch_growth:.1f}x stays unexplained here")
+    elif stopwatch_growth is not None:
+        neither = (f"no part slowed per sample, nor the stopwatch's rest ({stopwatch_growth:.1f}x): "
+                   "no cache story to test")
+    verdict = {  # (the products slowed, the operators without FLOPs slowed) -> what the numbers show
+        (False, False): neither,
+        (False, True): "the operators without FLOPs slowed per sample, as a batch too large for the caches would",
+        (True, False): "the products slowed per sample, the other operators did not: no support for the cache story",
+        (True, True): "both parts slowed per sample, as a batch too large for the caches would",
+    }[flop_growth > edge, other_growth > edge]
+    print(f"verdict: {verdict}")
+    return {"top": top, "top_growth": top_growth, "flop_growth": flop_growth, "other_growth": other_growth,
+            "verdict": verdict}
 
 
 def a100_ceiling(flop_counts: dict, batch_size: int, tf32: dict) -> float:

@@ -70,67 +70,43 @@ def test_binding_launch_check(capsys):
     fails(capsys, checks.check_binding_launch([]), "`CPU_BIND` is not set")
 
 
-def polaris_eight(gpu_of_rank: str = "3 - r % 4"):
-    """Appendix Exercise 1: 8 ranks a node, `--depth 4 --cpu-bind depth`, the launch's own wrapper with
-    `gpu_of_rank` in place of `3 - r % 4` (bash evaluates it for each rank, as in the appendix)."""
-
-    from scaledl.hpc import binding
-
-    root = DATA / "sysfs" / "polaris"
-    script = ('r=${PALS_LOCAL_RANKID:?not started by PALS mpiexec}; export CUDA_VISIBLE_DEVICES=$((3 - r % 4)); '
-              'exec "$@"')
-    command = ["mpiexec", "-n", "8", "--ppn", "8", "--depth", "4", "--cpu-bind", "depth", "bash", "-c",
-               script.replace("3 - r % 4", gpu_of_rank), "gpu-bind", "python", "train.py"]
-    return binding.plan(command, {}, "cuda", 8, root)
-
-
-def test_eight_rank_verdicts_check(capsys):
-    placements = polaris_eight()
-    right = {0: "local", **{r: "far" for r in range(1, 7)}, 7: "local"}
-    assert checks.check_binding_verdicts(right, placements, name="EIGHT_RANK_VERDICTS")
-    assert "local rank 7: local" in verdict(capsys)
+def test_four_rank_verdicts_check(capsys):
+    """Appendix Exercise 1: 4 ranks a node at ALCF's PyTorch `--depth 16`, the wrapper unchanged. Ranks 2 and 3
+    take the second hardware threads (32-63), which sit on NUMA nodes 0-1 and 2-3."""
+    placements = polaris_ranks(4, "depth")
+    right = {0: "split", 1: "far", 2: "far", 3: "split"}
+    assert checks.check_binding_verdicts(right, placements)
+    assert "local rank 2: far; local rank 3: split" in verdict(capsys)
     assert checks.check_binding_verdicts({str(r): word.upper() for r, word in right.items()}, placements)
     verdict(capsys)
-    # Graded whole: the first guess (all local), the pattern of 4 ranks repeated, rank r's NUMA node read as r % 4,
-    # split where two ranks share a node, one rank off: each says how many of the 8 are wrong, naming no rank and
-    # no verdict, and sets with as many wrong get the same line.
-    wrong = [({r: "local" for r in range(8)}, 6), ({r: "far" for r in range(8)}, 2),
-             ({r: "local" if r in (0, 4) else "far" for r in range(8)}, 2),
-             ({r: "local" if r < 4 else "far" for r in range(8)}, 4),
-             ({r: "split" if r % 2 else "local" for r in range(8)}, 7),
-             ({**right, 6: "local"}, 1), ({**right, 0: "far"}, 1), ({**right, 3: "split"}, 1)]
+    # Graded whole: the first guess (all local), the 2-rank pattern repeated, the hardware threads read as local
+    # (past the table's cores), one rank off: each says how many of the 4 are wrong, naming no rank and no verdict,
+    # and sets with as many wrong get the same line.
+    wrong = [({r: "local" for r in range(4)}, 4), ({0: "split", 1: "far", 2: "split", 3: "far"}, 2),
+             ({0: "split", 1: "far", 2: "local", 3: "local"}, 2), ({r: "split" for r in range(4)}, 2),
+             ({**right, 3: "far"}, 1), ({**right, 0: "local"}, 1)]
     lines = {}
     for guess, count in wrong:
         line = fails(capsys, checks.check_binding_verdicts(guess, placements), "not the verdicts of this launch",
-                     f"{count} of the 8 {'is' if count == 1 else 'are'} wrong", "NUMA nodes its cores span")
+                     f"{count} of the 4 {'is' if count == 1 else 'are'} wrong", "NUMA nodes its cores span")
         assert not re.search(r"rank \d|\d+-\d+|\b(local|split|far)\b", line), line
         lines.setdefault(count, set()).add(line)
     assert all(len(same) == 1 for same in lines.values()), lines
-    fails(capsys, checks.check_binding_verdicts({r: "far" for r in range(7)}, placements, name="EIGHT_RANK_VERDICTS"),
-          "7 missing")
-    fails(capsys, checks.check_binding_verdicts(None, placements, name="EIGHT_RANK_VERDICTS"),
-          "`EIGHT_RANK_VERDICTS` is not set")
-    fails(capsys, checks.check_binding_verdicts(list(right.values()), placements, name="EIGHT_RANK_VERDICTS"),
-          "`EIGHT_RANK_VERDICTS` is a dict")
+    fails(capsys, checks.check_binding_verdicts({r: "far" for r in range(3)}, placements), "3 missing")
 
 
-def test_eight_rank_wrapper_check(capsys):
-    def check(expression):
-        return checks.check_binding_launch(polaris_eight(expression), min_cpus=4, name="GPU_OF_RANK", fix="gpu")
-
-    # Right: each pair of ranks on a NUMA node drives the GPU there; bash evaluates the expression.
-    for expression in ("3 - r / 2", "(7 - r) / 2", "3-r/2", "3 - (r >> 1)"):
-        assert check(expression), expression
-        assert "rank 7: CPUs 28-31, GPU on NUMA 3" in verdict(capsys)
-    # Wrong, each with the reason it names: the 4-rank wrapper unchanged, the reversal forgotten, r % 4 halved.
-    for expression in ("3 - r % 4", "r / 2", "3 - r % 4 / 2", "r % 4"):
-        line = fails(capsys, check(expression), "(far)", "make the wrapper give it the GPU that the table puts on")
-        assert "CPUs of NUMA node" not in line and "/ 2" not in line, line
-    # 3 - r: from rank 4 on, negative numbers, and CUDA shows the rank no GPU at all.
-    fails(capsys, check("3 - r"), "local rank 4 has no GPU", "CUDA_VISIBLE_DEVICES='-1' leaves no device 0",
-          "one of the node's GPUs, 0-3")
-    # Not bash: the wrapper fails, and the check says so rather than "not set".
-    fails(capsys, check("3 - r // 2"), "has no GPU", "its wrapper failed", "syntax error")
-    # The CPU-side message is unchanged for --cpu-bind exercises; min_cpus counts what each rank has.
-    fails(capsys, checks.check_binding_launch(polaris_eight("3 - r / 2")), "4 CPUs", "at least 8 of its NUMA")
-    fails(capsys, checks.check_binding_launch([], name="GPU_OF_RANK"), "`GPU_OF_RANK` is not set")
+def test_four_rank_binding_check(capsys):
+    # Right: each rank on GPU 3 - r's NUMA node r, its 8 cores, with or without their second hardware threads.
+    for cpu_bind in ("list:0-7:8-15:16-23:24-31", "list:0-7,32-39:8-15,40-47:16-23,48-55:24-31,56-63",
+                     "list:32-39:40-47:48-55:56-63"):
+        assert checks.check_binding_launch(polaris_ranks(4, cpu_bind)), cpu_bind
+        line = verdict(capsys)
+        assert "every rank on its GPU's NUMA node" in line
+        assert re.search(r"rank 3: CPUs [\d,-]+, GPU on NUMA 3\)$", line), line
+    # Wrong: the launch as given (16 deep), the table's rows in GPU order (every rank far), 4 cores a rank.
+    fails(capsys, checks.check_binding_launch(polaris_ranks(4, "depth")), "local rank 0", "(split)", "NUMA node 0 only")
+    fails(capsys, checks.check_binding_launch(polaris_ranks(4, "list:24-31:16-23:8-15:0-7")), "local rank 0",
+          "(far)", "NUMA node 0 only")
+    fails(capsys, checks.check_binding_launch(polaris_ranks(4, "list:0-3:8-11:16-19:24-27")), "4 CPUs",
+          "at least 8 of its NUMA")
+    fails(capsys, checks.check_binding_launch(polaris_ranks(4, "list:0-7:8-15:16-23:0-7")), "local rank 3", "(far)")

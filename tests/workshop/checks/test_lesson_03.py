@@ -113,3 +113,26 @@ def test_sharding_check_simulates_two_nodes(capsys):
     fails(capsys, checks.check_sharding(lambda n, r, lr, w: list(range(r, n + 1, w))), "index 20 is not a sample")
     fails(capsys, checks.check_sharding(untouched), "NotImplementedError")
     fails(capsys, checks.check_sharding(None), "`shard` is not set")
+
+
+def test_ring_steps_check(capsys):
+    # 8 ranks, 1 MB: one chunk is 125,000 bytes, and each phase takes 7 steps.
+    assert checks.check_ring_steps(1e6 / 8, 8 - 1)
+    assert verdict(capsys) == ("PASS: 8 ranks, a buffer of 1,000,000 bytes: one chunk is n/p = 125,000 bytes, and "
+                               "each phase takes p-1 = 7 steps")
+    assert checks.check_ring_steps(125_000, np.int64(7))  # ints and NumPy numbers alike
+    verdict(capsys)
+    assert checks.check_ring_steps(2**20 / 4, 3, nbytes=2**20, world_size=4)
+    verdict(capsys)
+    fails(capsys, checks.check_ring_steps(None, 7), "`chunk_bytes` is not set")
+    fails(capsys, checks.check_ring_steps(125_000, None), "`steps_per_phase` is not set")
+    fails(capsys, checks.check_ring_steps("125000", 7), "set it to a number")
+    fails(capsys, checks.check_ring_steps(1e6, 7), "whole buffer")
+    fails(capsys, checks.check_ring_steps(1e6 / 7, 7), "not p-1")
+    fails(capsys, checks.check_ring_steps(1e6 / 4, 7), "the figure's 4 ranks")
+    fails(capsys, checks.check_ring_steps(2 * 7 / 8 * 1e6, 7), "what each rank sends in all")
+    fails(capsys, checks.check_ring_steps(125_001, 7), "expected 125,000")
+    fails(capsys, checks.check_ring_steps(125_000, 8), "one step for each of the other p-1")
+    fails(capsys, checks.check_ring_steps(125_000, 14), "counts both phases")
+    fails(capsys, checks.check_ring_steps(125_000, 3), "the figure's 4 ranks")
+    fails(capsys, checks.check_ring_steps(125_000, 6), "steps_per_phase 6, expected 7")

@@ -124,29 +124,33 @@ def uneven_reports(gradient=(0.5, -2.0, 1.0), lrs=(0.1, 0.2), grads=("g1", "g1")
 
 
 def test_uneven_step_check(capsys):
-    """Exercise 1b's second answer: rank 1's weights minus rank 0's after the uneven step, as k x lr x g."""
+    """Exercise 1b's second answer: rank 1's weights minus rank 0's after the uneven step, as a multiple of g."""
     measured = uneven_reports()
-    assert checks.check_uneven_step(-1, measured)
-    assert "-1.000 x 0.1 x g" in verdict(capsys)
-    assert checks.check_uneven_step(-1.01, measured)  # within the tolerance
+    assert checks.check_uneven_step(-0.1, measured)
+    line = verdict(capsys)
+    assert "-0.100 x g" in line and "a further 0.1 x g" in line
+    assert checks.check_uneven_step(-0.101, measured)  # within the tolerance
     verdict(capsys)
+    fails(capsys, checks.check_uneven_step(-0.105, measured), "not what the ranks hold")  # outside it
     # The guess that DDP keeps the weights equal whatever the optimizers do.
     fails(capsys, checks.check_uneven_step(0, measured), "equal weights")
     # A step along the gradient, or the sign turned round.
-    fails(capsys, checks.check_uneven_step(1, measured), "look at the sign")
-    # Rank 1's whole step, or twice it: not the difference.
-    fails(capsys, checks.check_uneven_step(-2, measured), "not what the ranks hold")
-    fails(capsys, checks.check_uneven_step(-0.5, measured), "not what the ranks hold")
-    # Graded against the ranks: with rank 1 at 3 lr, k is -2.
-    assert checks.check_uneven_step(-2, uneven_reports(lrs=(0.1, 0.3)))
-    verdict(capsys)
-    fails(capsys, checks.check_uneven_step(-1, uneven_reports(lrs=(0.1, 0.3))), "not what the ranks hold")
-    fails(capsys, checks.check_uneven_step("-1", measured), "give one number")
+    fails(capsys, checks.check_uneven_step(0.1, measured), "look at the sign")
+    # Rank 1's whole step, or half the gap: not the difference.
+    fails(capsys, checks.check_uneven_step(-0.2, measured), "not what the ranks hold")
+    fails(capsys, checks.check_uneven_step(-0.05, measured), "not what the ranks hold")
+    # The gap counted in units of lr x g, not of g.
+    fails(capsys, checks.check_uneven_step(-1, measured), "in units of 0.1 x g")
+    # Graded against the ranks: with rank 1 at 3 lr, k is -0.2.
+    assert checks.check_uneven_step(-0.2, uneven_reports(lrs=(0.1, 0.3)))
+    assert "a further 0.2 x g" in verdict(capsys)
+    fails(capsys, checks.check_uneven_step(-0.1, uneven_reports(lrs=(0.1, 0.3))), "not what the ranks hold")
+    fails(capsys, checks.check_uneven_step("-0.1", measured), "give one number")
     fails(capsys, checks.check_uneven_step(True, measured), "give one number")
     fails(capsys, checks.check_uneven_step(None, measured), "`weight_gap` is not set")
-    fails(capsys, checks.check_uneven_step(-1, uneven_reports(grads=("g1", "g2"))), "different gradients")
-    fails(capsys, checks.check_uneven_step(-1, [measured[0], None]), "did not run")
-    fails(capsys, checks.check_uneven_step(-1, measured[:1]), "start 2 or more")
+    fails(capsys, checks.check_uneven_step(-0.1, uneven_reports(grads=("g1", "g2"))), "different gradients")
+    fails(capsys, checks.check_uneven_step(-0.1, [measured[0], None]), "did not run")
+    fails(capsys, checks.check_uneven_step(-0.1, measured[:1]), "start 2 or more")
 
 
 def test_in_sync_check_needs_two_ranks(capsys):

@@ -71,6 +71,42 @@ def test_inferred_batch_check(capsys):
     fails(capsys, check(48, config={**config, "gradient_clipping": 1.0}), "clips the gradient norm")
 
 
+def test_batch_pair_check(capsys):
+    """Exercise 1's prediction: does DeepSpeed accept train_batch_size and the micro batch alone, and with
+    how many accumulation steps?  Graded against DeepSpeed's own verdict on the live ranks."""
+    pair = {"train_batch_size": 40, "train_micro_batch_size_per_gpu": 8}
+    assert checks.check_batch_pair("refused", "refused", pair, world_size=2)
+    line = verdict(capsys)
+    assert "refused the pair on 2 ranks" in line and "40 // 8 // 2 = 2" in line and "= 32 against 40" in line
+    assert checks.check_batch_pair(" Refused ", "refused", pair, world_size=2)  # spelled loosely
+    verdict(capsys)
+    # One rank, or five: the pair agrees, and the steps are the answer.
+    assert checks.check_batch_pair(5, 5, pair, world_size=1)
+    assert "accepted the pair with 5 accumulation steps" in verdict(capsys)
+    fails(capsys, checks.check_batch_pair("refused", 5, pair, world_size=1), "accepted 5 steps")
+    fails(capsys, checks.check_batch_pair(4, 5, pair, world_size=1), "inferred 5")
+    # The integer division taken for the answer, the exact quotient, another number.
+    fails(capsys, checks.check_batch_pair(2, "refused", pair, world_size=2), "it does infer 2 steps",
+          "rather than train another batch")
+    fails(capsys, checks.check_batch_pair(2.5, "refused", pair, world_size=2), "whole micro batches")
+    fails(capsys, checks.check_batch_pair(3, "refused", pair, world_size=2), "DeepSpeed refused")
+    fails(capsys, checks.check_batch_pair(True, "refused", pair, world_size=2), "give a whole number")
+    fails(capsys, checks.check_batch_pair("no", "refused", pair, world_size=2), "give a whole number")
+    fails(capsys, checks.check_batch_pair(None, "refused", pair, world_size=2), "`predicted_steps` is not set")
+    fails(capsys, checks.check_batch_pair("refused", None, pair, world_size=2), "not recorded on every rank")
+
+
+def test_batch_pair_check_agrees_with_the_rule():
+    """The check's arithmetic is `deepspeed_batch`'s, which the test below holds against DeepSpeed itself."""
+    pair = {"train_batch_size": 40, "train_micro_batch_size_per_gpu": 8}
+    for world_size in (1, 2, 4, 5, 8):
+        try:
+            said = checks.deepspeed_batch(pair, world_size)[2]
+        except ValueError:
+            said = "refused"
+        assert (said == "refused") == (world_size not in (1, 5)), world_size
+
+
 def test_deepspeed_batch_resolves_like_deepspeed(monkeypatch):
     """DeepSpeed's own config class on the same configs, 2 ranks (its rank query answered without a
     process group, so that it asks the world size of `mpu`)."""

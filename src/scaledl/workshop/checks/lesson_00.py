@@ -4,32 +4,25 @@ from __future__ import annotations
 from scaledl.workshop.checks.common import _unfinished, _verdict
 
 
-def check_binding_launch(placements: list, min_cpus: int = 8, name: str = "CPU_BIND", fix: str = "cpus") -> bool:
+def check_binding_launch(placements: list, min_cpus: int = 8, name: str = "CPU_BIND") -> bool:
     """A launch the learner wrote (`scaledl.hpc.binding.plan` of it on a node's sysfs tree): every rank
     local to its GPU, on CPUs of its own, and at least `min_cpus` CPUs (hardware threads) each: one
     CPU per rank is local too, but starves the data loader and the host side.  The sysfs copy holds
     no core siblings, so CPUs are counted, not cores.
 
-    `name`: the variable the learner sets; `fix`: what the learner changes, "cpus" (a `--cpu-bind`
-    value: a rank away from its GPU is told which NUMA node's CPUs to take) or "gpu" (a wrapper's
-    `CUDA_VISIBLE_DEVICES`: it is told which NUMA node its GPU must sit on).  Two ranks may share a GPU
-    (8 ranks on 4 GPUs, under MPS); they may not share CPUs."""
+    `name`: the variable the learner sets, a `--cpu-bind` value: a rank away from its GPU is told
+    which NUMA node's CPUs to take.  Ranks may not share CPUs."""
     from scaledl.hpc.binding import format_cpulist as format_cpus
 
     if not placements:
         return _unfinished(name)
     for p in placements:
         if p.gpu is None:
-            return _verdict(False, f"local rank {p.local_rank} has no GPU ({p.reason}): "
-                                   + ("the wrapper must give every rank one of the node's GPUs, 0-3" if fix == "gpu"
-                                      else "give every rank a GPU"))
+            return _verdict(False, f"local rank {p.local_rank} has no GPU ({p.reason}): give every rank a GPU")
     for p in placements:
         if p.verdict != "local":
             where = (f"local rank {p.local_rank}: CPUs {format_cpus(p.cpus)} on NUMA node "
                      f"{','.join(map(str, p.cpu_nodes))}, its GPU ({p.gpu}) on NUMA node {p.gpu_node} ({p.verdict})")
-            if fix == "gpu":
-                return _verdict(False, f"{where}: make the wrapper give it the GPU that the table puts on NUMA node "
-                                       f"{','.join(map(str, p.cpu_nodes))}")
             return _verdict(False, f"{where}: give it CPUs of NUMA node {p.gpu_node} only (the table above lists "
                                    "them)")
     for p, q in ((p, q) for i, p in enumerate(placements) for q in placements[i + 1:]):

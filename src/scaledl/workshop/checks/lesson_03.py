@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
@@ -148,3 +149,40 @@ def check_ring_prediction(predict) -> bool:
         return _verdict(False, f"{case}: {got * 1e3:.4g} ms, expected {want * 1e3:.4g} ms: {hint}")
     return _verdict(True, "the ring's cost model on 3, 8 and 64 ranks: 2(p-1) latencies and 2(p-1)/p of the bytes "
                           "through each rank's link")
+
+
+def check_ring_steps(chunk_bytes, steps_per_phase, nbytes: float = 1e6, world_size: int = 8) -> bool:
+    """The two numbers the ring's figure shows, for `world_size` ranks and a buffer of `nbytes`: one chunk
+    is n/p bytes, and each phase (reduce-scatter, then all-gather) takes p-1 steps.  The figure draws 4 ranks;
+    the question asks for another p, so that reading the figure's own count off gives a wrong number."""
+    if chunk_bytes is None:
+        return _unfinished("chunk_bytes")
+    if steps_per_phase is None:
+        return _unfinished("steps_per_phase")
+    p, where = world_size, f"{world_size} ranks, a buffer of {nbytes:,.0f} bytes"
+    values = []
+    for name, value in (("chunk_bytes", chunk_bytes), ("steps_per_phase", steps_per_phase)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return _verdict(False, f"{where}: {name} is {value!r}: set it to a number")
+        values.append(float(value))
+    chunk, steps = values
+    want_chunk = nbytes / p
+    if not math.isclose(chunk, want_chunk, rel_tol=1e-6):
+        slips = [(nbytes, "that is the whole buffer: the ring cuts it into one chunk per rank"),
+                 (nbytes / (p - 1), "one chunk per rank: divide by p, not p-1"),
+                 (nbytes / 4, "that is the figure's 4 ranks: cut the buffer into one chunk per rank of these"),
+                 (2 * (p - 1) / p * nbytes, "that is what each rank sends in all: one chunk is a single step's"),
+                 (nbytes / p / 2, "one chunk per rank: n/p, not halved")]
+        hint = next((message for value, message in slips if math.isclose(chunk, value, rel_tol=1e-6)),
+                    "the ring cuts the buffer into one chunk per rank")
+        return _verdict(False, f"{where}: chunk_bytes {chunk:,.6g}, expected {want_chunk:,.6g}: {hint}")
+    if steps != p - 1:
+        slips = [(p, "a chunk starts on one rank and needs one step for each of the other p-1"),
+                 (2 * (p - 1), "that counts both phases: each phase takes half of them"),
+                 (3, "that is the figure's 4 ranks: count the steps for these ranks"),
+                 (1, "a step moves a chunk one rank along the ring, not across it")]
+        hint = next((message for value, message in slips if steps == value),
+                    "count the steps until each chunk has passed every rank once")
+        return _verdict(False, f"{where}: steps_per_phase {steps:g}, expected {p - 1}: {hint}")
+    return _verdict(True, f"{where}: one chunk is n/p = {want_chunk:,.0f} bytes, and each phase takes p-1 = {p - 1} "
+                          "steps")

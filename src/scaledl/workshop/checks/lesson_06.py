@@ -73,42 +73,44 @@ def check_wrap_prediction(predicted, wrapped_by_rank: list, before_by_rank: list
 
 def check_uneven_step(predicted, measured_by_rank: list, tolerance: float = 0.02) -> bool:
     """Exercise 1b's second answer: after a DDP step in which rank 0's plain SGD uses lr and the other ranks'
-    use 2 lr, rank 1's weights minus rank 0's are k x lr x g, with g the gradient rank 0 holds after the step's
-    backward (the verdicts write rank 0's lr as a number).
-    `predicted` is k.  Each rank gives {"lr": its learning rate, "grads": a fingerprint of its .grad,
+    use 2 lr, rank 1's weights minus rank 0's are k x g, with g the gradient rank 0 holds after the step's
+    backward.  `predicted` is k.  Each rank gives {"lr": its learning rate, "grads": a fingerprint of its .grad,
     "grad": its .grad flattened, "step": its weights after the step minus before, flattened}.  DDP averages the
     gradients in every backward and sends the weights only at construction, so the ranks start the step equal,
-    hold the same g, and rank 1 moves lr x g further than rank 0: k = -1."""
+    hold the same g, and rank 1 moves (2 lr - lr) x g further than rank 0: k = -lr, -0.1 at the lesson's lr."""
     import numpy as np
 
     if predicted is None:
         return _unfinished("weight_gap")
     if not _every_rank_ran(measured_by_rank, "the uneven step"):
         return False
-    lr = measured_by_rank[0]["lr"]  # rank 0's: the verdicts write k x 0.1 x g, as the lesson does
     if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not math.isfinite(predicted):
-        return _verdict(False, f"`weight_gap` is {predicted!r}: give one number, k in k x {lr:g} x g")
+        return _verdict(False, f"`weight_gap` is {predicted!r}: give one number, k in k x g")
     if len({m["grads"] for m in measured_by_rank}) != 1:
         return _verdict(False, "the ranks hold different gradients after the uneven step's backward: run the cells "
                                "from the wrap on, in order, so that the model is wrapped in DDP")
     first, second = measured_by_rank[0], measured_by_rank[1]
+    lr, further = first["lr"], second["lr"] - first["lr"]  # rank 0's learning rate, and rank 1's extra one
     gradient = np.asarray(first["grad"], dtype=np.float64)
     gap = np.asarray(second["step"], dtype=np.float64) - np.asarray(first["step"], dtype=np.float64)
-    measured = float(gap @ gradient / (lr * (gradient @ gradient)))
-    if abs(predicted - measured) <= tolerance * max(1.0, abs(measured)):
-        return _verdict(True, f"rank 1's weights minus rank 0's are {measured:.3f} x {lr:g} x g: both ranks held "
-                              "the same averaged g and the same weights before the step, and rank 1's optimizer "
-                              f"moved its copy a further {lr:g} x g against g. DDP sends the weights only at "
+    measured = float(gap @ gradient / (gradient @ gradient))
+    scale = max(abs(measured), lr)  # the tolerance is relative to the gap, or to lr where the gap is 0
+    if abs(predicted - measured) <= tolerance * scale:
+        return _verdict(True, f"rank 1's weights minus rank 0's are {measured:.3f} x g: both ranks held the same "
+                              f"averaged g and the same weights before the step, and rank 1's optimizer moved its "
+                              f"copy a further {further:g} x g against g. DDP sends the weights only at "
                               "construction, so nothing pulls that copy back")
     if predicted == 0:
         hint = ("you predicted equal weights: does DDP send anything after its constructor other than the "
                 "gradients, and what does each rank's optimizer then do with them?")
     elif (predicted > 0) != (measured > 0):
         hint = "look at the sign: each rank steps against g, and the rank with the larger learning rate goes further"
+    elif abs(predicted * lr - measured) <= tolerance * scale:
+        hint = (f"that is the gap in units of {lr:g} x g: give it as a multiple of g itself, so multiply by {lr:g}")
     else:
         hint = ("not what the ranks hold: start from the weights every rank holds before the uneven step, and take "
                 "each rank's step with its own learning rate and the gradient it holds after backward")
-    return _verdict(False, f"you predicted {predicted:g} x {lr:g} x g: {hint}")
+    return _verdict(False, f"you predicted {predicted:g} x g: {hint}")
 
 
 # (local rank, the GPUs its process sees, as CUDA_VISIBLE_DEVICES lists them, what the case is,

@@ -123,6 +123,44 @@ def _inferred_verdict(predicted, inferred_by_rank: list, train: int, micro: int,
     return _verdict(False, f"`predicted_batch` {predicted:g} is {why}")
 
 
+def check_batch_pair(predicted, said, pair: dict, world_size: int) -> bool:
+    """Exercise 1's prediction for a config that gives `train_batch_size` and `train_micro_batch_size_per_gpu`
+    only: the accumulation steps DeepSpeed infers on `world_size` ranks, or "refused".  `said` is what
+    DeepSpeed's own config class made of `pair` on the live ranks: its gradient_accumulation_steps, or
+    "refused" (None when the cell did not finish).  DeepSpeed infers train // micro // world_size by integer
+    division, then refuses the config unless train = micro x accumulation x world_size (`deepspeed_batch`)."""
+    if predicted is None:
+        return _unfinished("predicted_steps")
+    if said is None:
+        return _verdict(False, "DeepSpeed's verdict on the pair was not recorded on every rank: run the exercise "
+                               "cell to the end")
+    train, micro = pair["train_batch_size"], pair["train_micro_batch_size_per_gpu"]
+    inferred = train // micro // world_size
+    how = (f"DeepSpeed infers {train} // {micro} // {world_size} = {inferred} accumulation steps, then checks "
+           f"{micro} x {inferred} x {world_size} = {micro * inferred * world_size} against {train}")
+    if isinstance(predicted, str) and predicted.strip().strip('"').lower() == "refused":
+        predicted = "refused"
+    elif isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        return _verdict(False, f"`predicted_steps` is {predicted!r}: give a whole number of steps, or \"refused\"")
+    if predicted == said:
+        outcome = "refused the pair" if said == "refused" else f"accepted the pair with {said} accumulation steps"
+        return _verdict(True, f"DeepSpeed {outcome} on {world_size} ranks, as you predicted: {how}")
+    if said == "refused" and predicted != "refused":
+        if predicted != int(predicted):
+            hint = (f"a rank runs whole micro batches, so {predicted:g} steps cannot be: {how}, and refuses the "
+                    "config rather than train another batch")
+        elif predicted == inferred:
+            hint = (f"it does infer {inferred} steps, but it then checks {micro} x {inferred} x {world_size} = "
+                    f"{micro * inferred * world_size} against {train}, and refuses the config rather than train "
+                    "another batch")
+        else:
+            hint = f"{how}, and refuses the config"
+        return _verdict(False, f"you predicted {predicted:g} steps, but DeepSpeed refused: {hint}")
+    if predicted == "refused":
+        return _verdict(False, f"you predicted a refusal, but DeepSpeed accepted {said} steps: {how}, and they agree")
+    return _verdict(False, f"you predicted {predicted:g} steps, but DeepSpeed inferred {said}: {how}")
+
+
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
