@@ -44,6 +44,22 @@ def test_the_launch_lines_are_what_scaledl_launch_prints():
     assert "CUDA_VISIBLE_DEVICES=$((3 - r % 4))" in printed[-1]  # local rank r on GPU 3 - r, its NUMA node's
 
 
+def test_the_full_recipe_is_a_complete_job_script_to_submit(tmp_path):
+    """Lesson 0 says to save the full printout as a file and submit it: a shell line first, every #PBS
+    line before the first command (PBS reads no directive after one), bash accepts it, and it ends
+    with the launch itself."""
+    text = recipes.polaris("ddp", full=True)
+    lines = text.splitlines()
+    assert lines[0] == (ROOT / "jobs" / "polaris" / "ddp.sh").read_text().splitlines()[0] == "#!/bin/bash -l"
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert [line for line in lines if line.startswith("#PBS ")] == lines[2:first_command] == recipes.header("ddp")
+    assert "qsub -A YOUR_PROJECT FILE submits it" in lines[1]
+    script = tmp_path / "ddp.sh"
+    script.write_text(text + "\n")
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert lines[-1].startswith("mpiexec -n 8 --ppn 4 ") and lines[-1].endswith(" python -m scaledl.ladder.ddp")
+
+
 def test_the_live_ranks_run_as_the_engines_do():
     recipe = recipes.polaris("ddp", live_ranks=4, full=True).splitlines()
     assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1:system=polaris -l walltime=01:00:00 "

@@ -39,24 +39,3 @@ def test_timer_counts_and_times_functional_all_reduces(one_rank_group):
 def test_median_run_returns_the_median_run(one_rank_group):
     seconds, timer = median_run(lambda: torch.ones(2) * 2, repeats=5)
     assert seconds >= 0.0 and isinstance(timer, AllReduceTimer) and timer.all_reduces == 0
-
-
-def test_barrier_first_times_a_barrier_before_each_all_reduce_apart(one_rank_group):
-    import torch.distributed._functional_collectives as funcol
-
-    group = tdist.group.WORLD
-    plain, probed = AllReduceTimer(), AllReduceTimer(barrier_first=True)
-    for timer in (plain, probed):
-        with timer:
-            for _ in range(2):
-                funcol.wait_tensor(funcol.all_reduce(torch.ones(8), "sum", group))
-    assert plain.wait_seconds == 0.0  # no barrier unless asked
-    assert probed.all_reduces == 2 and probed.wait_seconds > 0.0 and probed.seconds > 0.0
-
-
-def test_median_run_passes_barrier_first_to_its_timer(one_rank_group):
-    import torch.distributed._functional_collectives as funcol
-
-    _, timer = median_run(lambda: funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", tdist.group.WORLD)),
-                          repeats=3, barrier_first=True)
-    assert timer.barrier_first and timer.all_reduces == 1 and timer.wait_seconds > 0.0

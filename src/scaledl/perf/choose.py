@@ -51,6 +51,7 @@ from scaledl import activations, models, zero_memory
 from scaledl.perf import predict
 
 ADAM_STATE_BYTES = 8  # Adam's two fp32 moments a parameter (torch.optim.Adam: exp_avg, exp_avg_sq)
+HEADROOM = 0.1  # of a device's memory kept free: a layout fits in the rest (the path's one fit rule, lessons 1, 10, 14)
 RECOMPUTE = ("none", "full")  # selective reruns a measured share: not predicted here
 
 
@@ -100,7 +101,7 @@ def activation_bytes(seq_len: int, micro_batch_size: int, width: int, blocks: in
 # (arXiv:2204.02311, beside GPT-3's 21.3% and Gopher's 32.5%): a well-tuned run's share of the peak.
 def evaluate(sizes: dict, system: predict.System, device: Device, nodes: int, global_batch_size: int, dp: int,
              tp: int, pp: int, stage: int, recompute: str, micro_batch_size: int, precision: str = "bf16",
-             mfu: float = 0.45, headroom: float = 0.1,
+             mfu: float = 0.45, headroom: float = HEADROOM,
              tp_allreduces_per_block: int = predict.MEGATRON_TP_ALLREDUCES_PER_BLOCK) -> dict:
     """One layout's memory per rank and predicted step (see the module docstring).  `tp_allreduces_per_block`:
     Megatron-LM's (the default, q, k and v fused into one layer) or scaledl's tensor-parallel rung's

@@ -139,14 +139,17 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
                   " adds --mpi and its cluster's profile and id: start them from the notebook, not by hand):",
                   launch_lines(live_ranks, live_ranks, ["ipyparallel.engine"], system)[-1],
                   ""]
-    lines += [f"# jobs/{system}/{the_job.name}.sh, the lines that matter (submit the whole script: "
-              f"{_submit(rung, system)})",
+    # A complete job script, the file's shell line first: lesson 0 says to save it and submit it as it is.
+    script = f"jobs/{system}/{the_job.name}.sh"
+    lines += [] if live_ranks else ["#!/bin/bash -l"]
+    lines += [f"# A complete job script: {script} with its `scaledl launch` written out. "
+              f"Save it as a file; {_submit(rung, system).replace(script, 'FILE')} submits it.",
               *header(rung, system),
               'cd "$PBS_O_WORKDIR"',
               *module_lines(rung, system),
               venv_line(rung, system),
               f"# scaledl launch --system {system} -n {nranks} --ppn {the_job.ppn} -- {shlex.join(target)}"
-              f" exports and runs (the script also passes --out-dir runs/{the_job.name}/<N>nodes, and --resume"
+              f" exports and runs ({script} also passes --out-dir runs/{the_job.name}/<N>nodes, and --resume"
               " once a checkpoint is there):",
               *launch_lines(nranks, the_job.ppn, target, system)]
     return "\n".join(lines)
@@ -154,7 +157,7 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
 
 def polaris(rung: str, *flags: str, live_ranks: int = 0, full: bool = False) -> str:
     """The recipe on Polaris: 4 ranks a node, one per A100, NCCL between them; the short form
-    unless `full` (the whole job script's lines that matter, as lesson 0 reads them)."""
+    unless `full` (a complete job script, `scaledl launch` written out, as lesson 0 reads it)."""
     return recipe(rung, *flags, live_ranks=live_ranks, system="polaris", full=full)
 
 

@@ -20,16 +20,11 @@ def _dispatch_mode():
 
 class AllReduceTimer(_dispatch_mode()):
     """Adds up the wall time of the collectives DTensor issues while a step runs: each all-reduce and the wait
-    for its result.  `seconds`: their total; `all_reduces`: how many all-reduces it saw.
+    for its result.  `seconds`: their total; `all_reduces`: how many all-reduces it saw."""
 
-    `barrier_first`: before each all-reduce, wait at a barrier of the default group (a step whose collectives
-    span all ranks) and add its time to `wait_seconds`: the wait for the slowest peer to arrive.  `seconds` is
-    then the all-reduces' own time, the ranks starting each one together."""
-
-    def __init__(self, barrier_first: bool = False):
+    def __init__(self):
         super().__init__()
-        self.seconds, self.all_reduces, self.wait_seconds = 0.0, 0, 0.0
-        self.barrier_first = barrier_first
+        self.seconds, self.all_reduces = 0.0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         import torch
@@ -40,12 +35,6 @@ class AllReduceTimer(_dispatch_mode()):
             return func(*args, **(kwargs or {}))  # not an operation on tensors: run it as it is
         if any(issubclass(kind, (DTensor, AsyncCollectiveTensor)) for kind in types):
             return NotImplemented  # let DTensor turn the operation into plain ones and collectives first
-        if self.barrier_first and str(func).startswith("_c10d_functional.all_reduce"):
-            import torch.distributed as tdist
-
-            start = time.perf_counter()
-            tdist.barrier()  # every rank arrives here: the time is this rank's wait for its peers
-            self.wait_seconds += time.perf_counter() - start
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         if str(func).startswith("_c10d_functional."):  # a collective, or the wait for its result
@@ -54,10 +43,10 @@ class AllReduceTimer(_dispatch_mode()):
         return out
 
 
-def median_run(step, repeats: int = 20, device=None, barrier_first: bool = False) -> tuple[float, AllReduceTimer]:
+def median_run(step, repeats: int = 20, device=None) -> tuple[float, AllReduceTimer]:
     """`step()` run `repeats` times, the ranks starting each run together (a barrier when a process group is up):
     the run of median wall time, as (seconds, that run's AllReduceTimer).  On a CUDA `device` the clock is read
-    after the GPU's work has finished.  `barrier_first`: the timer's barrier before each all-reduce."""
+    after the GPU's work has finished."""
     import torch
     import torch.distributed as tdist
 
@@ -65,7 +54,7 @@ def median_run(step, repeats: int = 20, device=None, barrier_first: bool = False
     for _ in range(repeats):
         if tdist.is_available() and tdist.is_initialized():
             tdist.barrier()
-        timer = AllReduceTimer(barrier_first)
+        timer = AllReduceTimer()
         start = time.perf_counter()
         with timer:
             step()

@@ -45,7 +45,7 @@ def test_deepspeed_config_check(capsys):
     fails(capsys, checks.check_deepspeed_config([{"gradient_accumulation_steps": 3}], world_size=2),
           "needs train_batch_size or train_micro_batch_size_per_gpu")
     fails(capsys, checks.check_deepspeed_config([GOOD], world_size=1), "start 2 or more")
-    assert not checks.check_deepspeed_config(None, world_size=2)  # untouched: from_ranks said FAIL
+    assert not checks.check_deepspeed_config(None, world_size=2)  # untouched: from_ranks said NOT ATTEMPTED YET
 
 
 def test_inferred_batch_check(capsys):

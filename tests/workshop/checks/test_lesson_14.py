@@ -256,3 +256,20 @@ def test_memory_per_rank(capsys):
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, in_flight=lambda m, pp: pp if pp > 1 else 1)),
           "micro_batch_size=64", "1 micro batch(es) in flight")
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, activations=False)), "the activations")
+
+
+def test_first_guess_note():
+    from scaledl.workshop.checks.lesson_14 import first_guess_note
+
+    # The lesson's plausible guess: split the layers. The note names the excess part and the line overlooked.
+    note = first_guess_note(layout(dp=2, tp=4, pp=2))
+    assert "36.3% behind" in note and "tensor parallelism's all-reduces" in note
+    assert 'Overlooked: Step 2\'s line "ZeRO-1" already fits (16.2 GiB)' in note
+    note = first_guess_note(layout(recompute="full"))  # fits at 16.2 GiB without recomputing
+    assert "recomputing every block" in note and "fits without recomputation" in note and '"ZeRO-1"' in note
+    note = first_guess_note(layout(recompute="full", micro_batch_size=8))  # needs it: 51.4 GiB without
+    assert "recomputing every block" in note and "fits without recomputation" not in note
+    assert "the reasoning found it" in first_guess_note(layout(micro_batch_size=2))  # inside the tie
+    assert "does not fit" in first_guess_note(layout(zero=0))  # plain DDP: 42.6 GiB
+    assert "not allowed" in first_guess_note(layout(dp=2, tp=8))
+    assert "not set yet" in first_guess_note(None)

@@ -2,8 +2,9 @@
 is right, or what is wrong and how to fix it, and returns True or False.
 
 A notebook calls `checks.check_...` after the learner's code; the tests feed each check right and wrong
-answers alike.  Every check FAILs on what an untouched exercise leaves behind (a name never set, a
-NotImplementedError).  `common` holds the verdict line and the reading of a name off every live rank.
+answers alike.  On what an untouched exercise leaves behind, no check passes: a name never set prints
+NOT ATTEMPTED YET (`common._unfinished`), a NotImplementedError FAILs.  `common` holds the verdict line
+and the reading of a name off every live rank.
 
 May import: the helpers (scaledl.*), scaledl.hpc, scaledl.perf and the rest of scaledl.workshop.
 """

@@ -60,17 +60,24 @@ def _number(name: str, where: str, call, positive: bool = False):
     return found
 
 
-def _unfinished(name: str) -> bool:
-    return _verdict(False, f"`{name}` is not set: finish the exercise cell above and run it")
+UNATTEMPTED = "NOT ATTEMPTED YET: "  # the line's start for an exercise whose variable is still unset
+
+
+def _unfinished(name: str, where: str = "") -> bool:
+    """False, after one line that says the exercise is not attempted yet: its variable `name` is still
+    None (or empty), as on a page run before the learner fills it.  Not a FAIL: nothing was graded, so a
+    class records nothing.  `where`: " on every rank" for a name read off live ranks."""
+    print(f"{UNATTEMPTED}`{name}` is not set{where}: finish the exercise cell above and run it")
+    return False
 
 
 def from_ranks(view, name: str) -> list | None:
-    """`name` as every rank of an ipyparallel view holds it, or None (with a FAIL line) when
-    the exercise cell that sets it has not run to the end on every rank."""
+    """`name` as every rank of an ipyparallel view holds it, or None (with a NOT ATTEMPTED YET line)
+    when the exercise cell that sets it has not run to the end on every rank."""
     try:
         return view.pull(name, block=True)
     except Exception:  # ipyparallel wraps the engines' NameError in a CompositeError
-        _verdict(False, f"`{name}` is not set on every rank: finish the exercise cell above and run it")
+        _unfinished(name, " on every rank")
         return None
 
 

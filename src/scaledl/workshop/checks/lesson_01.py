@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from scaledl.perf.choose import HEADROOM
 from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verdict
 
 
@@ -23,7 +24,8 @@ def check_training_memory(memory, num_params: int) -> bool:
             return _verdict(False, f"{name}: {got:.3g} is in bits: count bytes, 2 for each 16-bit number")
         if math.isclose(got, want[key] * 2):
             return _verdict(False, f"{name}: {got:.3g} bytes counts 4 bytes per number, fp32: forward and backward "
-                                   "work on a 16-bit copy here, 2 bytes per number")
+                                   "work on a 16-bit copy here, 2 bytes per number; an fp32 copy of the weights "
+                                   "that only the optimizer uses belongs under \"optimizer\"")
         if math.isclose(got, want[key] / 1e9):
             return _verdict(False, f"{name}: {got:.3g} looks like GB: give bytes (the check divides by 1e9 itself)")
         if not math.isclose(got, want[key]):
@@ -33,8 +35,9 @@ def check_training_memory(memory, num_params: int) -> bool:
     if math.isclose(got, 12 * num_params * 8):
         return _verdict(False, "optimizer: that is in bits: count bytes, 4 for each fp32 number")
     if math.isclose(got, 8 * num_params):
-        return _verdict(False, "optimizer: Adam's momentum and variance are 8 bytes per parameter; the optimizer also "
-                               "keeps an fp32 master copy of the weights: 4 more")
+        return _verdict(False, "optimizer: 2 + 2 + 8 = 12 bytes per parameter leaves out the master copy: the update "
+                               "is applied to fp32 weights that only the optimizer keeps, 4 bytes more beside Adam's "
+                               "8 bytes of momentum and variance")
     if math.isclose(got, 6 * num_params):
         return _verdict(False, "optimizer: three numbers per parameter is right, but the optimizer keeps them in fp32, "
                                "4 bytes each")
@@ -128,9 +131,10 @@ PARALLELISM_ANSWERS = {"data": "data", "sharded": "sharded", "zero": "sharded", 
 
 def _parallelism_rule(num_params, activation_bytes, device_bytes, world_size) -> str:
     state = 16 * num_params  # parameters, gradients and Adam's states, in fp32 or mixed precision alike
-    if state + activation_bytes <= device_bytes:
+    usable = (1 - HEADROOM) * device_bytes  # the path's fit rule: 10% kept free
+    if state + activation_bytes <= usable:
         return "data"
-    if state / world_size + activation_bytes <= device_bytes:
+    if state / world_size + activation_bytes <= usable:
         return "sharded"
     return BEYOND
 
@@ -140,6 +144,7 @@ def _parallelism_rule(num_params, activation_bytes, device_bytes, world_size) ->
 _PARALLELISM_CASES = [
     (1.0e9, 10e9, 40e9, 8),   # 16 + 10 GB fit: data
     (2.0e9, 10e9, 40e9, 8),   # 32 + 10 > 40 (4 bytes a parameter would say data), 4 + 10 fit: sharded
+    (1.5e9, 14e9, 40e9, 8),   # 24 + 14 = 38 GB: under 40, over the 36 the fit rule allows: sharded
     (1.5e9, 20e9, 40e9, 8),   # 24 GB of states fit alone; with 20 GB of activations they do not: sharded
     (7.0e9, 10e9, 40e9, 8),   # 112 GB of states, 14 + 10 sharded over 8: sharded
     (15e9, 15e9, 40e9, 8),    # 240 GB of states: 30 + 15 sharded over 8 do not fit: beyond sharding
@@ -151,7 +156,8 @@ _PARALLELISM_CASES = [
 def check_parallelism_choice(choose) -> bool:
     """`choose(num_params, activation_bytes, device_bytes, world_size)` -> "data", "sharded" or
     "beyond sharding", run on cases where the usual slips (4 bytes a parameter, no activations, states not
-    divided over the ranks, activations divided too, sharding first) each give another answer."""
+    divided over the ranks, activations divided too, sharding first, the whole device filled) each give another
+    answer.  A layout fits in (1 - HEADROOM) of the device, the path's fit rule."""
     if choose is None:
         return _unfinished("choose")
     for num_params, activations, device, world_size in _PARALLELISM_CASES:
@@ -170,25 +176,31 @@ def check_parallelism_choice(choose) -> bool:
         want = _parallelism_rule(num_params, activations, device, world_size)
         if answer == want:
             continue
-        state_gb, act_gb, device_gb = 16 * num_params / 1e9, activations / 1e9, device / 1e9
+        state_gb, act_gb = 16 * num_params / 1e9, activations / 1e9
+        device_gb = (1 - HEADROOM) * device / 1e9  # what the fit rule lets a layout fill
+        rule = f"{device_gb:g} GB, {1 - HEADROOM:.0%} of the GPU's {device / 1e9:g} GB"
         if want == "data":
-            why = (f"{state_gb:g} GB of model states + {act_gb:g} GB of activations fit one GPU: plain data "
+            why = (f"{state_gb:g} GB of model states + {act_gb:g} GB of activations fit {rule}: plain data "
                    "parallelism is enough (sharding would only add communication)")
+        elif want == "sharded" and answer == "data" and state_gb + act_gb <= device / 1e9:
+            why = (f"{state_gb:g} GB of model states + {act_gb:g} GB of activations fill more than {rule}: the fit "
+                   "rule keeps a tenth free for CUDA's context, the allocator's slack and communication buffers")
         elif want == "sharded" and answer == "data":
             why = (f"{state_gb:g} GB of model states (16 bytes per parameter) + {act_gb:g} GB of activations do not "
-                   f"fit {device_gb:g} GB: count every byte training keeps")
+                   f"fit {rule}: count every byte training keeps")
         elif want == "sharded":
             why = (f"sharded over {world_size} ranks the states take {state_gb / world_size:g} GB, + {act_gb:g} GB of "
                    "activations: that fits, so ZeRO-3/FSDP is enough without splitting the model")
         elif answer == "data":
-            why = f"{state_gb:g} GB of states + {act_gb:g} GB of activations cannot fit {device_gb:g} GB"
+            why = f"{state_gb:g} GB of states + {act_gb:g} GB of activations cannot fit {rule}"
         else:
             too_big = ("the sharded states alone are" if state_gb / world_size > device_gb
                        else "together they are")
             why = (f"sharding divides the {state_gb:g} GB of states over {world_size} ranks "
                    f"({state_gb / world_size:g} GB) and each rank still keeps its own {act_gb:g} GB of activations: "
-                   f"{too_big} over {device_gb:g} GB: sharding alone is not enough (recompute the activations or split "
+                   f"{too_big} over {rule}: sharding alone is not enough (recompute the activations or split "
                    "the model)")
         return _verdict(False, f"{case}: you said {answer}, the answer is {want}: {why}")
-    return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes per parameter) plus activations "
-                          "decide data, sharded (1/world_size of the states) or beyond sharding")
+    return _verdict(True, f"all {len(_PARALLELISM_CASES)} cases: states (16 bytes per parameter) plus activations, "
+                          f"within {1 - HEADROOM:.0%} of the GPU, decide data, sharded (1/world_size of the states) or "
+                          "beyond sharding")

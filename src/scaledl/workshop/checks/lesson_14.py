@@ -195,11 +195,12 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
     if refused:
         return _verdict(False, refused)
     row = chooser(layout)
-    limit = 0.9 * device.memory_bytes / 2**30
+    limit = (1 - choose.HEADROOM) * device.memory_bytes / 2**30
     if not row["fits"]:
         activations = row["memory_gib"] - _state_gib(sizes, dp, tp, pp, zero)
-        return _verdict(False, f"it needs {row['memory_gib']:.1f} GiB a rank, more than {limit:.0f} GiB (90% of the "
-                               f"{device.name}'s): the state takes {row['memory_gib'] - activations:.1f} GiB and the "
+        return _verdict(False, f"it needs {row['memory_gib']:.1f} GiB a rank, more than {limit:.0f} GiB "
+                               f"({1 - choose.HEADROOM:.0%} of the {device.name}'s): the state takes "
+                               f"{row['memory_gib'] - activations:.1f} GiB and the "
                                f"activations {activations:.1f} GiB; shrink the larger (shard the state with a higher "
                                "ZeRO stage or split the layers; recompute or use smaller micro batches)")
     wrong = _parts_wrong(step_parts, layout, step_parts_of(row), part_within, "your layout")
@@ -221,6 +222,47 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
                           "which the model cannot "
                           "tell apart (it leaves out effects of a few percent); a measurement decides between them")
 
+
+
+# Step 2's five printed layouts, by the name the lesson prints: (dp, tp, pp, zero, recompute, micro_batch_size)
+STEP2_LINES = {"plain DDP": (16, 1, 1, 0, "none", 1), "ZeRO-1": (16, 1, 1, 1, "none", 1),
+               "ZeRO-1, micro batch 8": (16, 1, 1, 1, "none", 8), "ZeRO-1, recompute, 8": (16, 1, 1, 1, "full", 8),
+               "tp 4, pp 2, ZeRO-1": (2, 4, 2, 1, "none", 1)}
+
+
+def first_guess_note(first_guess, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
+                     global_batch_size: int = 512, within: float = 0.005) -> str:
+    """One line on the ungraded `first_guess` (a dict of LAYOUT_KEYS), priced by scaledl.perf.choose: how far it
+    falls behind the fastest layout that fits, the part of its step in excess (as check_layout words it), and the
+    line of Step 2 (STEP2_LINES) it overlooked: the fastest of those lines that fits and beats it."""
+    from scaledl import models
+    from scaledl.perf import choose, predict
+
+    if not isinstance(first_guess, dict) or set(LAYOUT_KEYS) - set(first_guess):
+        return f"`first_guess` is not set yet: a dict with the keys {', '.join(LAYOUT_KEYS)}"
+    sizes, machine, device = models.GPT_PRESETS[preset], predict.SYSTEMS[system], choose.DEVICES[system]
+    args = tuple(first_guess[key] for key in LAYOUT_KEYS)
+    refused = choose.refusal(sizes, machine, nodes, global_batch_size, *args)
+    if refused:
+        return f"your first guess is not allowed: {refused}"
+    price = lambda layout: choose.evaluate(sizes, machine, device, nodes, global_batch_size, *layout)  # noqa: E731
+    row = price(args)
+    best, _ = _fastest(choose.layouts(sizes, machine, device, nodes, global_batch_size), within)
+    lines = {name: price(layout) for name, layout in STEP2_LINES.items()}
+    beaten = {name: line for name, line in lines.items() if line["fits"] and line["step_s"] < row["step_s"]}
+    head = f"your first guess: {row['memory_gib']:.1f} GiB a rank, {row['step_s']:.3f} s a step predicted"
+    if not row["fits"]:
+        return f"{head}; it does not fit ({1 - choose.HEADROOM:.0%} of the {device.name}'s memory)"
+    if row["step_s"] <= (1 + within) * best["step_s"]:
+        return f"{head}, within {within:.1%} of the fastest that fits: the reasoning found it"
+    behind = row["step_s"] / best["step_s"] - 1
+    fits_without_recompute = price((*args[:4], "none", args[5]))["fits"]
+    note = f"{head}, {behind:.1%} behind the fastest that fits: " + _slower_because(row, best, fits_without_recompute)
+    if beaten:
+        name = min(beaten, key=lambda name: beaten[name]["step_s"])
+        note += (f". Overlooked: Step 2's line \"{name}\" already fits ({beaten[name]['memory_gib']:.1f} GiB) and is "
+                 f"faster ({beaten[name]['step_s']:.3f} s)")
+    return note
 
 def _state_gib(sizes: dict, dp: int, tp: int, pp: int, zero: int) -> float:
     """The state a rank holds (weights, gradients, optimizer state, bf16 with Adam) as scaledl.perf.choose counts

@@ -1,0 +1,47 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scaledl.workshop import baselines
+
+
+@pytest.mark.parametrize("speedup, expected", [
+    (1.9, "close to the ideal"),
+    (1.61, "faster than one rank, short of the ideal"),
+    (1.07, "within 20% of one rank, the spread of reruns: no speed-up measured"),
+    (0.82, "within 20% of one rank, the spread of reruns: no speed-up measured"),
+    (0.6, "slower than one rank, beyond the spread of reruns"),
+])
+def test_every_lesson_words_a_speed_up_by_the_same_bands(speedup, expected):
+    assert baselines.speedup_verdict(speedup, 2) == expected
+
+
+def test_a_measured_spread_moves_the_bands():
+    assert baselines.speedup_verdict(1.15, 2, spread=0.1).startswith("faster")
+    assert baselines.speedup_verdict(1.15, 2, spread=0.2).startswith("within 20%")
+
+
+def test_every_framework_gets_the_thread_count():
+    env = baselines.thread_env({"PATH": "x", "OMP_NUM_THREADS": "8"}, 1)
+    assert (env["OMP_NUM_THREADS"], env["TF_NUM_INTRAOP_THREADS"], env["TF_NUM_INTEROP_THREADS"]) == ("1", "1", "1")
+    assert env["PATH"] == "x"
+
+
+def test_a_pinned_command_runs_on_the_cores_it_names():
+    if not baselines.shutil.which("taskset"):
+        pytest.skip("no taskset on this system: the command runs unpinned")
+    code = "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+    result = subprocess.run(baselines.pinned([sys.executable, "-c", code], 1), capture_output=True, text=True)
+    assert json.loads(result.stdout) == [0]
+
+
+def test_without_taskset_the_command_is_unchanged(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a system with no taskset on its PATH (macOS has none)
+    assert baselines.pinned(["python", "-c", "pass"], 1) == ["python", "-c", "pass"]
+
+
+def test_a_failed_rung_raises_with_its_error_lines():
+    with pytest.raises(RuntimeError, match="failed"):
+        baselines.one_rank_samples_per_s("scaledl.ladder.single_torch", ["--epochs", "0"])
