@@ -60,6 +60,19 @@ def test_the_full_recipe_is_a_complete_job_script_to_submit(tmp_path):
     assert lines[-1].startswith("mpiexec -n 8 --ppn 4 ") and lines[-1].endswith(" python -m scaledl.ladder.ddp")
 
 
+def test_the_folded_recipe_is_the_full_one_with_its_exports_as_one_comment():
+    """Lesson 0 prints the job with its export lines folded: one comment counting them, and every command of the
+    full script, in order, the mpiexec line last."""
+    full = recipes.polaris("ddp", full=True).splitlines()
+    folded = recipes.polaris("ddp", full=True, fold_exports=True).splitlines()
+    exports = [line for line in full if line.startswith("export ")]
+    assert len(exports) == 9 and not any(line.startswith("export ") for line in folded)
+    assert folded.count(f"# {len(exports)} network settings (see the box)") == 1
+    commands = [line for line in full if line and not line.startswith(("#", "export "))]
+    assert [line for line in folded if line and not line.startswith("#")] == commands
+    assert folded[-1] == full[-1] and folded[-2] == "# 9 network settings (see the box)"
+
+
 def test_the_live_ranks_run_as_the_engines_do():
     recipe = recipes.polaris("ddp", live_ranks=4, full=True).splitlines()
     assert recipe[1] == ("qsub -I -A YOUR_PROJECT -q debug -l select=1:system=polaris -l walltime=01:00:00 "

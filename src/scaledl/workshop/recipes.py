@@ -122,10 +122,12 @@ def _interactive(rung: str, system: str) -> str:
     return f"qsub -I -A {_account(rung, system)} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}"
 
 
-def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, full: bool = True) -> str:
+def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, full: bool = True,
+           fold_exports: bool = False) -> str:
     """The recipe for `rung` (with the rung's `flags`) as lines to read and copy; with
     `live_ranks`, first the interactive job and the engines' launch that runs a notebook's
-    `%%px` cells on one node.  `full=False`: the short form, `brief`."""
+    `%%px` cells on one node.  `full=False`: the short form, `brief`.  `fold_exports`: the
+    launch's export lines as one comment that counts them (lesson 0 lists them in a box)."""
     if not full:
         return brief(rung, *flags, live_ranks=live_ranks, system=system)
     the_job = job(rung, system)
@@ -142,8 +144,14 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
     # A complete job script, the file's shell line first: lesson 0 says to save it and submit it as it is.
     script = f"jobs/{system}/{the_job.name}.sh"
     lines += [] if live_ranks else ["#!/bin/bash -l"]
-    lines += [f"# A complete job script: {script} with its `scaledl launch` written out. "
-              f"Save it as a file; {_submit(rung, system).replace(script, 'FILE')} submits it.",
+    launch = launch_lines(nranks, the_job.ppn, target, system)
+    if fold_exports:  # every line but the mpiexec line is an export
+        launch = [f"# {len(launch) - 1} network settings (see the box)", launch[-1]]
+        title = f"# {script} with its `scaledl launch` written out, its export lines folded into one comment."
+    else:
+        title = (f"# A complete job script: {script} with its `scaledl launch` written out. "
+                 f"Save it as a file; {_submit(rung, system).replace(script, 'FILE')} submits it.")
+    lines += [title,
               *header(rung, system),
               'cd "$PBS_O_WORKDIR"',
               *module_lines(rung, system),
@@ -151,14 +159,15 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
               f"# scaledl launch --system {system} -n {nranks} --ppn {the_job.ppn} -- {shlex.join(target)}"
               f" exports and runs ({script} also passes --out-dir runs/{the_job.name}/<N>nodes, and --resume"
               " once a checkpoint is there):",
-              *launch_lines(nranks, the_job.ppn, target, system)]
+              *launch]
     return "\n".join(lines)
 
 
-def polaris(rung: str, *flags: str, live_ranks: int = 0, full: bool = False) -> str:
+def polaris(rung: str, *flags: str, live_ranks: int = 0, full: bool = False, fold_exports: bool = False) -> str:
     """The recipe on Polaris: 4 ranks a node, one per A100, NCCL between them; the short form
-    unless `full` (a complete job script, `scaledl launch` written out, as lesson 0 reads it)."""
-    return recipe(rung, *flags, live_ranks=live_ranks, system="polaris", full=full)
+    unless `full` (a complete job script, `scaledl launch` written out, as lesson 0 reads it;
+    `fold_exports`: its export lines as one comment)."""
+    return recipe(rung, *flags, live_ranks=live_ranks, system="polaris", full=full, fold_exports=fold_exports)
 
 
 def aurora(rung: str, *flags: str, live_ranks: int = 0, full: bool = False) -> str:

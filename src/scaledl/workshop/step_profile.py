@@ -8,7 +8,9 @@ kernel's row holds the same time again. `gap_split` prints that sum per step bes
 the stopwatch's step without the profiler (which also times the work between operators, and none of
 the profiler's recording), in one short line. It then divides the sum into the operators that do the
 counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap
-over its FLOP floor is larger. `growth` sets two profiles of one step at two batch sizes side by side: the
+over its FLOP floor is larger. `rest_growth` prints one verdict on how that gap, the rest of the step, grew
+with the batch over repeated stopwatch runs, with the range the runs allow. `growth` sets two profiles of
+one step at two batch sizes side by side: the
 operator whose self time grew most, how much each part grew, and whether a part slowed per sample.
 `a100_ceiling` divides the
 step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
@@ -17,6 +19,7 @@ allows for each kind.
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import dataclass
 
 from scaledl.workshop.baselines import SPREAD
@@ -123,15 +126,45 @@ def self_time_per_operator(profile: StepProfile) -> dict:
             if event.key.startswith(("aten::", "Optimizer."))}
 
 
+def rest_growth(rests_small, rests_large, scale: float, where: str = "this device") -> dict:
+    """Print one line on how the rest of a step (its time outside the FLOP floor) grew from one batch to a
+    batch `scale` times larger, and return the numbers.  `rests_small` and `rests_large` hold one rest per
+    run of the stopwatch, in seconds.
+
+    The growth is the ratio of the two medians.  A ratio of two timings moves by the spread of both, so the
+    range the runs allow runs from the fastest large-batch run over the slowest small-batch one to the
+    slowest over the fastest.  The verdict reads where that range lies against 1x (a fixed cost per step)
+    and `scale` (work per sample); a range that holds both cannot tell them apart."""
+    if min(rests_small) <= 0 or min(rests_large) <= 0:
+        print(f"a run on {where} took no longer than its floor: no rest to compare")
+        return {"growth": None, "low": None, "high": None, "verdict": "no rest"}
+    growth = statistics.median(rests_large) / statistics.median(rests_small)
+    low, high = min(rests_large) / max(rests_small), max(rests_large) / min(rests_small)
+    if low <= 1 and high >= scale:
+        verdict = "too noisy to tell a fixed cost from work per sample"
+    elif low <= 1:
+        verdict = "a fixed cost per step: the hypothesis holds"
+    elif high < scale:
+        verdict = "partly fixed, partly per sample: the hypothesis holds in part"
+    elif low <= scale:
+        verdict = "work per sample: the hypothesis fails"
+    else:
+        verdict = "work per sample, slower at the larger batch: the hypothesis fails"
+    print(f"the rest grew {growth:.1f}x for {scale:g}x the batch (the runs allow {low:.1f}x to {high:.1f}x): "
+          f"on {where}, {verdict}")
+    return {"growth": growth, "low": low, "high": high, "verdict": verdict}
+
+
 def growth(small: StepProfile, large: StepProfile, scale: float, stopwatch_growth: float | None = None,
            stopwatch_low: float | None = None) -> dict:
     """Print and return how the operators' self time per step grew from `small` to `large`, a profile of
     the same step at a batch `scale` times larger: the operator whose time grew most beyond `scale` times its
     time in `small` (in milliseconds), the growth of the operators with counted FLOPs and of the rest, and a
-    verdict. A part "slowed per sample" where it grew more than (1 + SPREAD) x `scale`, lesson 2's edge for the
-    stopwatch's rest (reruns of one command on shared cores land up to a fifth apart); `stopwatch_growth`, the
-    median growth of that rest over repeated runs, says whether the stopwatch saw a slowdown too, and
-    `stopwatch_low`, the least growth those runs allow, whether that slowdown stands out from their noise."""
+    verdict. A part "slowed per sample" where it grew more than (1 + 2 SPREAD) x `scale`: a ratio of two
+    timings moves by the spread of each, and reruns on shared cores land up to SPREAD apart; `stopwatch_growth`,
+    the median growth of the stopwatch's rest over repeated runs (`rest_growth`), says whether the stopwatch saw
+    a slowdown too, and `stopwatch_low`, the least growth those runs allow, whether that slowdown stands out
+    from their noise."""
     before, after = self_time_per_operator(small), self_time_per_operator(large)
     top = max(after, key=lambda key: after[key] - scale * before.get(key, 0.0))  # the most time beyond `scale` x
     top_growth = after[top] / before[top] if before.get(top) else float("inf")
@@ -143,7 +176,7 @@ def growth(small: StepProfile, large: StepProfile, scale: float, stopwatch_growt
         return part(after) / part(before) if part(before) else float("inf")
 
     flop_growth, other_growth = part_growth(True), part_growth(False)
-    edge = (1 + SPREAD) * scale
+    edge = (1 + 2 * SPREAD) * scale  # a ratio of two timings: the spread of each
     print(f"grew most beyond {scale:g}x: {top}, {before.get(top, 0.0) * 1e3:.2f} to {after[top] * 1e3:.2f} ms "
           f"per step ({top_growth:.1f}x for {scale:g}x the batch)")
     print(f"convolutions and matrix multiplies grew {flop_growth:.1f}x, all other operators {other_growth:.1f}x")
