@@ -1,27 +1,19 @@
-"""Lesson 10's timed steps: the language model trained for a few steps under one `--recompute` mode.
+"""Lesson 10's timed steps: the language model trained for a few steps under each `--recompute` mode.
 
-`seconds_per_step` builds the model from seed 0 with the block's recomputation mode, trains it with SGD and
-momentum on one random micro batch, and returns the mean wall time of a step after a warm-up, with the device
-synchronized before the clock starts and after it stops (a GPU runs its kernels after Python returns).
-`reruns_seconds` times, the same way, only the cheap operations that `selective` runs again: the lesson's rough
-prediction for that mode.  `step_seconds` times the modes in turn, a few steps each, round after round, so that
-a slow spell of the machine falls on every mode alike; beside the three modes it times `machinery`:
-selective's checkpoint with every operation's output kept, so that backward replays each block through the
-checkpoint's cache and computes nothing again.  Its extra time over `none` is the checkpoint's own cost.
+`step_seconds` builds the model from seed 0 under each mode, trains it with SGD and momentum on one random
+micro batch, and times the modes in turn, a few steps each, round after round, so that a slow spell of the
+machine falls on every mode alike.  Each round's time is the mean wall time of a step, with the device
+synchronized before the clock starts and after it stops (a GPU runs its kernels after Python returns).  Beside
+the three modes it times `machinery`: selective's checkpoint with every operation's output kept, so that
+backward replays each block through the checkpoint's cache and computes nothing again.  Its extra time over
+`none` is the checkpoint's own cost.  `reruns_seconds` times, the same way, only the cheap operations that
+`selective` runs again: the lesson's rough prediction for that mode.
 """
 from __future__ import annotations
 
 import time
 
 MODES = ("none", "selective", "full", "machinery")
-
-
-def seconds_per_step(width: int, depth: int, heads: int, seq_len: int, micro_batch_size: int, recompute: str = "none",
-                     steps: int = 20, device=None, warmup: int = 3) -> float:
-    """Mean seconds of one training step (forward, backward, optimizer step) over `steps`, after `warmup`."""
-    device = _device(device)
-    step = _training_step(width, depth, heads, seq_len, micro_batch_size, recompute, device)
-    return _mean_seconds(step, steps, warmup, device)
 
 
 def step_seconds(width: int, depth: int, heads: int, seq_len: int, micro_batch_size: int, steps: int = 20,

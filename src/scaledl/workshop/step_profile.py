@@ -83,11 +83,10 @@ def profile_steps(step, device, num_steps: int = 5, row_limit: int = 8, show: bo
     sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     events = profiler.key_averages()
     total, share = self_time_by_kind(events, sort_by)
-    if not show:
-        return StepProfile(events, sort_by, total, share, num_steps, table_total(events, sort_by))
-    print(events.table(sort_by=sort_by, row_limit=row_limit))
-    print(f"operators' {'GPU' if on_gpu else 'CPU'} self time by kind: "
-          + ", ".join(f"{kind} {value:.0%}" for kind, value in sorted(share.items(), key=lambda item: -item[1])))
+    if show:
+        print(events.table(sort_by=sort_by, row_limit=row_limit))
+        print(f"operators' {'GPU' if on_gpu else 'CPU'} self time by kind: "
+              + ", ".join(f"{kind} {value:.0%}" for kind, value in sorted(share.items(), key=lambda item: -item[1])))
     return StepProfile(events, sort_by, total, share, num_steps, table_total(events, sort_by))
 
 
