@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -35,6 +36,10 @@ def test_a_pinned_command_runs_on_the_cores_it_names():
     code = "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"
     result = subprocess.run(baselines.pinned([sys.executable, "-c", code], 1), capture_output=True, text=True)
     assert json.loads(result.stdout) == [0]
+    if len(os.sched_getaffinity(0)) > 1:  # a second core to pin to
+        result = subprocess.run(baselines.pinned([sys.executable, "-c", code], 1, first=1), capture_output=True,
+                                text=True)
+        assert json.loads(result.stdout) == [1]
 
 
 def test_without_taskset_the_command_is_unchanged(monkeypatch, tmp_path):

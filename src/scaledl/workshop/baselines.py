@@ -29,11 +29,11 @@ def thread_env(env: dict, threads: int) -> dict:
     return {**env, "OMP_NUM_THREADS": count, "TF_NUM_INTRAOP_THREADS": count, "TF_NUM_INTEROP_THREADS": count}
 
 
-def pinned(command: list[str], cores: int) -> list[str]:
-    """`command` run on the first `cores` cores only (`taskset -c 0-N`), or as it is where taskset is missing
-    (it is Linux's util-linux; macOS has none)."""
+def pinned(command: list[str], cores: int, first: int = 0) -> list[str]:
+    """`command` run on `cores` cores from core `first` only (`taskset -c first-last`), or as it is where
+    taskset is missing (it is Linux's util-linux; macOS has none)."""
     taskset = shutil.which("taskset")
-    return [taskset, "-c", f"0-{cores - 1}", *command] if taskset else list(command)
+    return [taskset, "-c", f"{first}-{first + cores - 1}", *command] if taskset else list(command)
 
 
 def one_rank_samples_per_s(module: str, flags=(), cores: int = 1, largest: int | None = None) -> float:
