@@ -15,6 +15,13 @@ from test_equivalence import GPT, assert_same, train
 GPT4 = [*GPT, "--depth", "4"]  # 4 blocks: 2 stages of 2, 4 of 1, or 2 ranks x 2 interleaved chunks
 
 
+def counted_samples(out_dir) -> tuple[int, int]:
+    """(the samples the run's metrics counted, its steps): what its samples_per_s is made of."""
+    logs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    logs = [record for record in logs if record.get("type") == "log"]
+    return sum(record["samples"] for record in logs), logs[-1]["step"]
+
+
 @pytest.fixture(scope="module")
 def gpt4_reference(tmp_path_factory):
     out = train("python", "single_torch", tmp_path_factory.mktemp("gpt4"), 64, *GPT4, nproc=1)
@@ -45,6 +52,9 @@ def test_each_schedule_equals_one_process_with_the_same_batch(tmp_path, gpt4_ref
     events = json.loads((tmp_path / "pipeline_events.json").read_text())["events"]
     steps = {event[0] for event in events}
     assert len(events) == len(steps) * 2 * microbatches * ranks * chunks  # a forward and a backward each
+    # samples_per_s counts each batch once, whole: the last stage alone sees the loss, and counts all 64
+    samples, trained_steps = counted_samples(tmp_path)
+    assert samples == trained_steps * 64
 
 
 @pytest.mark.slow
@@ -55,6 +65,8 @@ def test_two_pipelines_side_by_side_equal_one_process_with_both_batches(tmp_path
     assert_same(gpt4_reference, torch.load(tmp_path / "model.pt", weights_only=True))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["peak_in_flight"] == "2,1"  # the first pipeline's stages
+    samples, trained_steps = counted_samples(tmp_path)
+    assert samples == trained_steps * 2 * 32  # each pipeline's last stage counts its own batch, whole
 
 
 @pytest.mark.slow

@@ -50,3 +50,23 @@ def test_without_taskset_the_command_is_unchanged(monkeypatch, tmp_path):
 def test_a_failed_rung_raises_with_its_error_lines():
     with pytest.raises(RuntimeError, match="failed"):
         baselines.one_rank_samples_per_s("scaledl.ladder.single_torch", ["--epochs", "0"])
+
+
+def test_a_rung_alone_runs_through_its_launcher_on_one_rank(tmp_path):
+    from scaledl.hpc import launchers
+    flags = ["--epochs", "1", "--train-limit", "256", "--log-interval", "2", "--out-dir", str(tmp_path)]
+    command = launchers.torchrun(1, "scaledl.ladder.ddp", flags)
+    rate = baselines.alone_samples_per_s(command, launchers.local_env(1), str(tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 1 and rate == summary["samples_per_s"] > 0
+
+
+def test_side_by_side_runs_each_write_their_own_rate():
+    rates = baselines.side_by_side_samples_per_s("scaledl.ladder.single_torch",
+                                                 ["--epochs", "1", "--train-limit", "256", "--log-interval", "2"])
+    assert len(rates) == 2 and all(rate > 0 for rate in rates)
+
+
+def test_a_failed_side_by_side_run_raises():
+    with pytest.raises(RuntimeError, match="failed beside"):
+        baselines.side_by_side_samples_per_s("scaledl.ladder.single_torch", ["--epochs", "0"])

@@ -36,7 +36,8 @@ def test_gap_split_divides_the_self_time_per_step(capsys):
     assert "per step: the operators' rows 20.00 ms, the table's total 22.00 ms" in out
     assert "convolutions and matrix multiplies: 9.00 ms per step at 100.0 GFLOP/s, 100% of the large matmul's " \
            "rate" in out
-    assert "all other operators: 11.00 ms per step for 0 counted FLOPs, the larger part of the gap" in out
+    assert "all other operators: 11.00 ms of the profiled step's 20.00 ms, for 0 counted FLOPs: the larger part of " \
+           "its gap" in out  # 11 ms against the products' 0 ms over their 9 ms floor
     assert len(out.splitlines()) == 3 and max(len(line) for line in out.splitlines()) < 120  # short lines
 
 
@@ -47,7 +48,8 @@ def test_gap_split_names_the_products_when_they_hold_more_of_the_gap(capsys):
     split = step_profile.gap_split(profile, flops=0.2e9, throughput=100e9, predicted_s=0.002)
     assert split["flop_ops_s"] == pytest.approx(0.016) and split["other_s"] == pytest.approx(0.004)
     out = capsys.readouterr().out  # the products: 16 ms against a 2 ms floor; the rest: 4 ms
-    assert "the larger part of the gap is the products running below the large matmul's rate" in out
+    assert "all other operators: 4.00 ms of the profiled step's 20.00 ms, for 0 counted FLOPs; the products, slower " \
+           "than the large matmul, hold more of its gap" in out
 
 
 def test_gap_split_sets_the_stopwatch_beside_the_operators_rows(capsys):

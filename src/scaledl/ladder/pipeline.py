@@ -133,10 +133,12 @@ def main(argv=None) -> int:
                           f"stages: {error}") from None
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     num_params = sum(p.numel() for p in full_model.parameters())  # the whole model's: a checkpoint holds it all
-    # The global batch is a pipeline's batch times dp: the learning rate scales with dp.
+    # The global batch is a pipeline's batch times dp: the learning rate scales with dp.  Only a pipeline's last
+    # stage sees the loss, so it counts the whole batch (counting_ranks=1) and the other stages count none.
     run = harness.TorchRun(RUNG, config, device, model, optimizer, loader,
                            state=harness.StageState(model, optimizer, num_params),
-                           scheduler=harness.lr_scheduler(optimizer, config, dp, len(loader)), replicas=dp)
+                           scheduler=harness.lr_scheduler(optimizer, config, dp, len(loader)), replicas=dp,
+                           counting_ranks=1)
     if rank == 0:
         pipelines = f", x {dp} pipelines" if dp > 1 else ""
         print(f"{RUNG}: {len(pieces)} stages of {config.model} on {pp} ranks{pipelines}, {args.schedule}, "

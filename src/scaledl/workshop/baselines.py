@@ -53,6 +53,31 @@ def whole_machine_samples_per_s(module: str, flags=()) -> float:
     return _samples_per_s(command, launchers.local_env(1), folder)
 
 
+def alone_samples_per_s(command: list[str], env: dict, folder: str, cores: int = 1) -> float:
+    """A distributed rung launched for ONE rank by `command` (its own launcher's line, writing to `folder`), pinned
+    to `cores` cores with every framework's threads set, as the baseline is: the framework's own work on each step
+    (its hooks, its thread, its collectives on one rank) with no partner to exchange with or wait for."""
+    return _samples_per_s(pinned(command, cores), thread_env(env, cores), folder)
+
+
+def side_by_side_samples_per_s(module: str, flags=(), count: int = 2, cores: int = 1,
+                               on_gpus: bool = False) -> list[float]:
+    """`count` runs of a one-device rung at once, run r pinned to its own `cores` cores (and GPU r on a GPU node),
+    with no framework between them: each run's samples/s.  What sharing the machine alone costs a rank."""
+    folders = [tempfile.mkdtemp(prefix=f"{module.rsplit('.', 1)[-1]}-") for _ in range(count)]
+    runs = []
+    for r, folder in enumerate(folders):
+        env = thread_env(launchers.local_env(1, largest=count), cores)
+        env |= {"CUDA_VISIBLE_DEVICES": str(r)} if on_gpus else {}
+        command = pinned(launchers.python_module(module, [*flags, "--out-dir", folder]), cores, first=r * cores)
+        runs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for run in runs:
+        _, errors = run.communicate()
+        if run.returncode != 0:
+            raise RuntimeError(f"{module} failed beside the others (exit {run.returncode}):\n{errors[-2000:]}")
+    return [json.loads(Path(folder, "summary.json").read_text())["samples_per_s"] for folder in folders]
+
+
 def _samples_per_s(command: list[str], env: dict, folder: str) -> float:
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:

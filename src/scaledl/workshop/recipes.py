@@ -122,6 +122,22 @@ def _interactive(rung: str, system: str) -> str:
     return f"qsub -I -A {_account(rung, system)} -q debug -l {one_node} -l walltime=01:00:00 -l {filesystems}"
 
 
+# The exports that are not network settings, and what they set (lesson 0 folds the exports into one comment).
+NOT_NETWORK = {"CUDA_DEVICE_ORDER": "the GPU numbering", "ZE_FLAT_DEVICE_HIERARCHY": "the GPU numbering",
+               "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "the GPU numbering", "LD_LIBRARY_PATH": "the plugin path"}
+
+
+def exports_comment(exports: list[str]) -> str:
+    """One comment that counts `export NAME=value` lines and says what they set: the network settings, then
+    what the others set, e.g. `# 9 exports: 7 network settings, the GPU numbering and the plugin path`."""
+    names = [line.split()[1].split("=", 1)[0] for line in exports]
+    others = list(dict.fromkeys(NOT_NETWORK[name] for name in names if name in NOT_NETWORK))
+    network = sum(name not in NOT_NETWORK for name in names)
+    parts = [f"{network} network setting{'' if network == 1 else 's'}", *others]
+    listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return f"# {len(names)} exports: {listed} (see the box)"
+
+
 def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, full: bool = True,
            fold_exports: bool = False) -> str:
     """The recipe for `rung` (with the rung's `flags`) as lines to read and copy; with
@@ -146,7 +162,8 @@ def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, fu
     lines += [] if live_ranks else ["#!/bin/bash -l"]
     launch = launch_lines(nranks, the_job.ppn, target, system)
     if fold_exports:  # every line but the mpiexec line is an export
-        launch = [f"# {len(launch) - 1} network settings (see the box)", launch[-1]]
+        launch = [exports_comment(launch[:-1]), "# the ranks' launch, explained below under \"The mpiexec line\":",
+                  launch[-1]]
         title = f"# {script} with its `scaledl launch` written out, its export lines folded into one comment."
     else:
         title = (f"# A complete job script: {script} with its `scaledl launch` written out. "

@@ -7,8 +7,8 @@ kernel's row holds the same time again. `gap_split` prints that sum per step bes
 (which also counts the rows that are not operators, such as autograd's `...Backward0`) and beside
 the stopwatch's step without the profiler (which also times the work between operators, and none of
 the profiler's recording), in one short line. It then divides the sum into the operators that do the
-counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the step's gap
-over its FLOP floor is larger. `rest_growth` prints one verdict on how that gap, the rest of the step, grew
+counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the profiled step's
+gap over its FLOP floor is larger. `rest_growth` prints one verdict on how that gap, the rest of the step, grew
 with the batch over repeated stopwatch runs, with the range the runs allow. `growth` sets two profiles of
 one step at two batch sizes side by side: the
 operator whose self time grew most, how much each part grew, and whether a part slowed per sample.
@@ -113,9 +113,10 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
     print(f"convolutions and matrix multiplies: {flop_ops_s * 1e3:.2f} ms per step at {rate / 1e9:,.1f} GFLOP/s, "
           f"{rate / throughput:.0%} of the large matmul's rate")
     others_larger = other_s > flop_ops_s - predicted_s  # the gap: the products' time over the floor, and the rest
-    print(f"all other operators: {other_s * 1e3:.2f} ms per step for 0 counted FLOPs"
-          + (", the larger part of the gap" if others_larger
-             else "; the larger part of the gap is the products running below the large matmul's rate"))
+    # Read against the profiled step, which the two parts sum to: the stopwatch's step, without the profiler, differs.
+    print(f"all other operators: {other_s * 1e3:.2f} ms of the profiled step's {operators_s * 1e3:.2f} ms, "
+          "for 0 counted FLOPs" + (": the larger part of its gap" if others_larger
+                                  else "; the products, slower than the large matmul, hold more of its gap"))
     return {"flop_ops_s": flop_ops_s, "other_s": other_s, "rate": rate}
 
 

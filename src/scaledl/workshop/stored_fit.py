@@ -28,7 +28,7 @@ def lesson_3(notebook: str = "03_collectives.ipynb", folder: Path | str = ".") -
         if found:
             fit = f"{found[3]}-rank {found[4].upper()} fit"
             if path.resolve().parent.name == "solutions":
-                which = f"the shipped {fit} (solutions/{notebook}); run lesson 3 here for this machine's"
+                which = f"the shipped {fit} (solutions/{notebook}); run lesson 3 here for this machine's own fit"
             else:
                 which = f"your own lesson 3's {fit} ({path.name})"
             print(f"lesson 3's link: {which}")

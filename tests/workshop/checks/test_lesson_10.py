@@ -78,6 +78,11 @@ def test_activation_prediction(capsys):
     fails(capsys, checks.check_activation_prediction(
         lambda s, b, h, a, d: activation_bytes(s, b, h, a, d) - d * 32 * s * b * h), "4h-wide")
     fails(capsys, checks.check_activation_prediction(lambda s, b, h, a, d: 34 * s * b * h * d), "dropout")
+    # attention's row left out, or only its inputs (the output forgotten): the table no longer lists its tensors
+    fails(capsys, checks.check_activation_prediction(
+        lambda s, b, h, a, d: activation_bytes(s, b, h, a, d) - d * 16 * s * b * h), "attention's row is missing")
+    fails(capsys, checks.check_activation_prediction(
+        lambda s, b, h, a, d: activation_bytes(s, b, h, a, d) - d * 4 * s * b * h), "keeps its output too")
 
 
 def test_recompute(capsys):

@@ -123,7 +123,7 @@ def test_step_parts(capsys):
 
     # Part 1 alone: the worked example and the second layout, each part within 2%; a FAIL names the part only.
     assert check_step_parts(learner())
-    assert "9.253 s" in verdict(capsys)
+    assert "a step of 9.3 s)" in verdict(capsys)  # two significant figures: nominal inputs
     line = fails(capsys, check_step_parts(learner(tp=1.5)), "the worked example", "3. tp's all-reduces")
     assert "0.9" not in line, line
     nvlink_only = lambda **lay: parts_of(lay, pp=0.5 if lay["tp"] * lay["pp"] > 4 else 1.0)  # noqa: E731
@@ -258,12 +258,20 @@ def test_memory_per_rank(capsys):
     fails(capsys, checks.check_memory_per_rank(lambda *a: memory_gib(*a, activations=False)), "the activations")
 
 
+def test_two_significant_figures():
+    from scaledl.workshop.checks.lesson_14 import _two
+
+    # Predicted seconds from nominal inputs: two significant figures, never an exponent.
+    assert [_two(x) for x in (9.2531, 8.0, 0.9412, 0.0283, 36.4, 540.3, 1234.5)] == \
+        ["9.3", "8.0", "0.94", "0.028", "36", "540", "1200"]
+
+
 def test_first_guess_note():
     from scaledl.workshop.checks.lesson_14 import first_guess_note
 
     # The lesson's plausible guess: split the layers. The note names the excess part and the line overlooked.
     note = first_guess_note(layout(dp=2, tp=4, pp=2))
-    assert "36.3% behind" in note and "tensor parallelism's all-reduces" in note
+    assert "36% behind" in note and "11 s a step" in note and "tensor parallelism's all-reduces" in note
     assert 'Overlooked: Step 2\'s line "ZeRO-1" already fits (16.2 GiB)' in note
     note = first_guess_note(layout(recompute="full"))  # fits at 16.2 GiB without recomputing
     assert "recomputing every block" in note and "fits without recomputation" in note and '"ZeRO-1"' in note

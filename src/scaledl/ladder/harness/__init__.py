@@ -266,11 +266,14 @@ class TorchRun(Run):
     `model` and `optimizer` are what a checkpoint holds (pass DDP's `.module`, the plain model);
     `state` replaces how they are saved and loaded (FSDP2's full state dicts, DeepSpeed's
     engine); `scheduler` is one the framework steps itself (DeepSpeed's engine does);
-    `replicas` is the data-parallel size when it is not the world size (tensor parallelism).
+    `replicas` is the data-parallel size when it is not the world size (tensor parallelism);
+    `counting_ranks` is how many ranks count each batch, a share each: world_size / replicas by default (every
+    rank of a tensor-parallel group sees the loss), 1 for a pipeline (its last stage alone sees it).
     """
 
     def __init__(self, rung: str, config: Config, device, model, optimizer, loader, *, comm: Comm | None = None,
-                 state: run_state.State | None = None, scheduler=None, replicas: int | None = None):
+                 state: run_state.State | None = None, scheduler=None, replicas: int | None = None,
+                 counting_ranks: int | None = None):
         comm = comm or torch_comm()
         # The loader serves micro batches: --grad-accum of them make a step.
         super().__init__(rung, config, steps_per_epoch=len(loader) // config.grad_accum,
@@ -281,6 +284,7 @@ class TorchRun(Run):
         from scaledl import numerics, precision
 
         self.model, self.optimizer = model, optimizer
+        self.counting_ranks = counting_ranks or self.world_size // self.replicas
         self._counted = False  # this step's micro batches already added to the metrics (end_micro_batch)
         self.engine_steps_scheduler = scheduler is not None
         self.scheduler = scheduler or lr_scheduler(optimizer, config, self.replicas, self.steps_per_epoch)
@@ -343,7 +347,7 @@ class TorchRun(Run):
             zero = self._torch.zeros((), device=self.device)
             self.history.add(zero, zero, 0)
             return
-        share = self.world_size // self.replicas  # ranks that trained on this same batch: each counts its share
+        share = self.counting_ranks  # ranks that count this same batch: each counts its share
         per_sample = y[0].numel()  # targets per sample: 1 for a class, seq_len for next tokens
         self.history.add(loss.detach().float() * len(y) / share, (logits.argmax(1) == y).sum() / (share * per_sample),
                          len(y) / share)

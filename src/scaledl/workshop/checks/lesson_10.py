@@ -144,7 +144,14 @@ def check_activation_prediction(activation_bytes) -> bool:
                  (counted + depth * 4 * heads * seq_len * seq_len * batch,
                   "no s x s matrix is kept: the fused attention kernel keeps its output and a log-sum-exp instead"),
                  (counted - depth * 4 * 8 * tokens * width,
-                  "the MLP's two 4h-wide tensors (GELU's input and the second layer's input) are missing")]
+                  "the MLP's two 4h-wide tensors (GELU's input and the second layer's input) are missing"),
+                 (counted - depth * 4 * 4 * tokens * width,
+                  "attention's row is missing: its backward reads what the kernel read, q, k and v, and what it "
+                  "wrote, its output, h wide each"),
+                 (counted - depth * 4 * 3 * tokens * width,
+                  "q, k and v are missing: attention's backward recomputes the softmax from them"),
+                 (counted - depth * 4 * tokens * width,
+                  "one h-wide tensor a block is missing: attention keeps its output too, beside q, k and v")]
         # Korthikanti's 34sbh is written as it stands (exact); the others may leave the small terms out (2%).
         hint = next((text for i, (value, text) in enumerate(slips) if abs(got - value) <= (0.002 if i == 0 else 0.02)
                      * value),

@@ -7,6 +7,13 @@ from scaledl.workshop.checks.common import _attempt, _FAILED, _unfinished, _verd
 LAYOUT_KEYS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch_size")
 
 
+def _two(seconds: float) -> str:
+    """A predicted time to two significant figures (9.3, 0.94, 17, 540), never an exponent: the model's inputs are
+    nominal, so only the ranking its digits give is meant."""
+    text = f"{seconds:#.2g}".rstrip(".")
+    return f"{float(text):.0f}" if "e" in text else text
+
+
 def check_memory_per_rank(memory_gib, preset: str = "gpt3-2.7b", system: str = "polaris", nodes: int = 4,
                           global_batch_size: int = 512, rel: float = 0.01) -> bool:
     """`memory_gib(dp, tp, pp, zero, recompute, micro_batch_size)`: the GiB a rank needs for the language model at
@@ -121,7 +128,7 @@ def check_step_parts(step_parts, preset: str = "gpt3-2.7b", system: str = "polar
     if wrong is not None:
         return wrong
     return _verdict(True, f"every part within {part_within:.0%} of the chooser's on the worked example (a step of "
-                          f"{chooser(EXAMPLE)['step_s']:.3f} s) and on the second layout (dp 2, tp 4, pp 2, ZeRO-0, "
+                          f"{_two(chooser(EXAMPLE)['step_s'])} s) and on the second layout (dp 2, tp 4, pp 2, ZeRO-0, "
                           "micro batch 1)")
 
 
@@ -139,7 +146,7 @@ def _slower_because(row: dict, best: dict, fits_without_recompute: bool) -> str:
     mine, fastest = step_parts_of(row), step_parts_of(best)
     excess = {key: mine[key] - fastest[key] for key in PARTS}
     part = max(excess, key=excess.get)
-    extra = f"{excess[part]:.2f} s more than the fastest's"
+    extra = f"{_two(excess[part])} s more than the fastest's"
     if part == "compute":
         return (f"recomputing every block adds a third to the compute, {extra}"
                 + (", and this layout fits without recomputation" if fits_without_recompute else ""))
@@ -211,16 +218,16 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
     if row["step_s"] > (1 + within) * best["step_s"]:
         plain = chooser({**layout, "recompute": "none"}) if recompute == "full" else row
         slower = row["step_s"] / best["step_s"] - 1
-        return _verdict(False, f"it fits ({row['memory_gib']:.1f} GiB a rank) but is predicted at {row['step_s']:.3f} "
-                               f"s a step, {slower:.{2 if slower < 0.01 else 1}%} slower than the fastest that fits "
-                               f"({best['step_s']:.3f} s), beyond the {within:.1%} inside which the model cannot tell "
-                               "layouts apart: "
+        return _verdict(False, f"it fits ({row['memory_gib']:.1f} GiB a rank) but is predicted at "
+                               f"{_two(row['step_s'])} s a step, {slower:.{2 if slower < 0.01 else 1}%} slower than "
+                               f"the fastest that fits ({_two(best['step_s'])} s), beyond the {within:.1%} inside "
+                               "which the model cannot tell layouts apart: "
                                + _slower_because(row, best, plain["fits"]))
     return _verdict(True, f"{row['memory_gib']:.1f} GiB a rank, every part of its step right (and of the worked "
-                          f"example's and the second layout's), {row['step_s']:.3f} s a step predicted: one of the "
-                          f"{len(tied)} layouts within {within:.1%} of the fastest that fits ({best['step_s']:.3f} s), "
-                          "which the model cannot "
-                          "tell apart (it leaves out effects of a few percent); a measurement decides between them")
+                          f"example's and the second layout's), {_two(row['step_s'])} s a step predicted: one of the "
+                          f"{len(tied)} layouts within {within:.1%} of the fastest that fits "
+                          f"({_two(best['step_s'])} s), which the model cannot tell apart (it leaves out effects of "
+                          "a few percent); a measurement decides between them")
 
 
 
@@ -250,18 +257,20 @@ def first_guess_note(first_guess, preset: str = "gpt3-2.7b", system: str = "pola
     best, _ = _fastest(choose.layouts(sizes, machine, device, nodes, global_batch_size), within)
     lines = {name: price(layout) for name, layout in STEP2_LINES.items()}
     beaten = {name: line for name, line in lines.items() if line["fits"] and line["step_s"] < row["step_s"]}
-    head = f"your first guess: {row['memory_gib']:.1f} GiB a rank, {row['step_s']:.3f} s a step predicted"
+    head = f"your first guess: {row['memory_gib']:.1f} GiB a rank, {_two(row['step_s'])} s a step predicted"
     if not row["fits"]:
         return f"{head}; it does not fit ({1 - choose.HEADROOM:.0%} of the {device.name}'s memory)"
     if row["step_s"] <= (1 + within) * best["step_s"]:
         return f"{head}, within {within:.1%} of the fastest that fits: the reasoning found it"
     behind = row["step_s"] / best["step_s"] - 1
     fits_without_recompute = price((*args[:4], "none", args[5]))["fits"]
-    note = f"{head}, {behind:.1%} behind the fastest that fits: " + _slower_because(row, best, fits_without_recompute)
+    digits = 0 if behind >= 0.1 else 2 if behind < 0.01 else 1  # the percent to two significant figures
+    note = (f"{head}, {behind:.{digits}%} behind the fastest that fits: "
+            + _slower_because(row, best, fits_without_recompute))
     if beaten:
         name = min(beaten, key=lambda name: beaten[name]["step_s"])
         note += (f". Overlooked: Step 2's line \"{name}\" already fits ({beaten[name]['memory_gib']:.1f} GiB) and is "
-                 f"faster ({beaten[name]['step_s']:.3f} s)")
+                 f"faster ({_two(beaten[name]['step_s'])} s)")
     return note
 
 def _state_gib(sizes: dict, dp: int, tp: int, pp: int, zero: int) -> float:
