@@ -6,7 +6,7 @@ TensorFlow ignores it and reads its own two variables), and, where Linux's `task
 that many cores, because TensorFlow keeps threads of its own busy beyond those pools.
 
 `speedup_verdict` words a speed-up the same way in every lesson.  Reruns of one command on a shared machine land
-up to `SPREAD` apart (lesson 7 measures this spread for its own runs and passes it in): a ratio within it of 1 is no
+up to `SPREAD` apart (lesson 7 measures the spread of its own runs beside it): a ratio within it of 1 is no
 measured speed-up and no measured slow-down.
 """
 from __future__ import annotations
