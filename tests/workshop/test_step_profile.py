@@ -74,46 +74,6 @@ def _profile(times_ms):  # one step's self time per operator, profiled over 5 st
 BATCH_64 = {"aten::max_pool2d_with_indices": 2.0, "aten::mkldnn_convolution": 1.0, "aten::mm": 1.0, "aten::relu": 1.0}
 
 
-def test_growth_names_the_operator_that_grew_most_and_gives_the_verdict(capsys):
-    pooling_slow = dict(BATCH_64, **{"aten::max_pool2d_with_indices": 16.0, "aten::mkldnn_convolution": 4.0,
-                                     "aten::mm": 4.0, "aten::relu": 4.0})
-    result = step_profile.growth(_profile(BATCH_64), _profile(pooling_slow), 4)
-    assert result["top"] == "aten::max_pool2d_with_indices" and result["top_growth"] == pytest.approx(8.0)
-    assert result["flop_growth"] == pytest.approx(4.0) and result["other_growth"] == pytest.approx(20 / 3)
-    out = capsys.readouterr().out
-    assert "beyond 4x: aten::max_pool2d_with_indices, 2.00 to 16.00 ms per step (8.0x for 4x the batch)" in out
-    assert "verdict: the operators without FLOPs slowed per sample, as a batch too large" in out
-    assert max(len(line) for line in out.splitlines()) < 120
-
-    in_proportion = {key: 4 * ms for key, ms in BATCH_64.items()}
-    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4)["verdict"] == \
-        "taken together, neither part slowed per sample: no support for the cache story"
-    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4, stopwatch_growth=6.4)["verdict"] \
-        == "taken together, neither part slowed per sample; the profile does not reproduce the stopwatch's median 6.4x"
-    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4, stopwatch_growth=4.6)["verdict"] \
-        == ("taken together, neither part slowed per sample, nor the stopwatch's rest (median 4.6x): no slowdown per "
-            "sample, so no cache story to test")  # 4.6x lies within two fifths of 4x
-    # The stopwatch's median above the edge, its runs allowing less: the profile agrees within their noise.
-    assert step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4, stopwatch_growth=6.0,
-                               stopwatch_low=4.1)["verdict"].endswith("but its runs allow 4.1x: within their noise "
-                                                                      "the two agree")
-    assert "does not reproduce" in step_profile.growth(_profile(BATCH_64), _profile(in_proportion), 4,
-                                                       stopwatch_growth=6.4, stopwatch_low=5.8)["verdict"]
-    # One operator slowed, its part did not: the verdict names it (the part's growth, not the operator's, decides).
-    one_slow = dict(in_proportion, **{"aten::relu": 10.0, "aten::max_pool2d_with_indices": 4.0})  # part: 14/3 ms
-    result = step_profile.growth(_profile(BATCH_64), _profile(one_slow), 4)
-    assert result["other_growth"] == pytest.approx(14 / 3) and result["verdict"].startswith("taken together, neither")
-    assert "(one operator, aten::relu, grew 10.0x)" in result["verdict"]
-    products_slow = dict(in_proportion, **{"aten::mkldnn_convolution": 12.0})  # 12x where the batch is 4x
-    result = step_profile.growth(_profile(BATCH_64), _profile(products_slow), 4)
-    assert result["top"] == "aten::mkldnn_convolution" and result["flop_growth"] == pytest.approx(8.0)
-    assert result["verdict"].startswith("the products slowed per sample, the other operators did not")
-    both_slow = dict(products_slow, **{"aten::relu": 9.0})
-    assert step_profile.growth(_profile(BATCH_64), _profile(both_slow), 4)["verdict"].startswith("both parts slowed")
-    small_but_slow = dict(in_proportion, **{"aten::relu": 6.0, "aten::max_pool2d_with_indices": 9.0})
-    assert step_profile.growth(_profile(BATCH_64), _profile(small_but_slow), 4)["top"] == "aten::relu"  # 2 ms > 1
-
-
 def test_rest_growth_reads_the_range_both_batches_runs_allow(capsys):
     ms = 1e-3
     result = step_profile.rest_growth([3.38 * ms, 3.65 * ms, 2.66 * ms], [14.76 * ms, 16.35 * ms, 11.58 * ms], 4,
@@ -134,12 +94,6 @@ def test_rest_growth_reads_the_range_both_batches_runs_allow(capsys):
     # A median inside a row is not enough: the range decides (a median of 4x whose runs reach 0.9x is too noisy).
     assert step_profile.rest_growth([1.0, 1.0, 4.5], [3.9, 4.0, 4.1], 4)["verdict"].startswith("too noisy")
     assert step_profile.rest_growth([1.0, -0.1], [4.0, 4.0], 4)["verdict"] == "no rest"
-
-
-def test_growth_judges_a_part_against_both_profiles_spreads():
-    faster = {key: 5 * ms for key, ms in BATCH_64.items()}  # 5x for 4x the batch: inside 4 x (1 + 2 x 0.2) = 5.6x
-    assert step_profile.growth(_profile(BATCH_64), _profile(faster), 4)["verdict"] == \
-        "taken together, neither part slowed per sample: no support for the cache story"
 
 
 def test_profile_steps_can_profile_without_printing(capsys):

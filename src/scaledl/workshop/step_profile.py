@@ -9,10 +9,7 @@ the stopwatch's step without the profiler (which also times the work between ope
 the profiler's recording), in one short line. It then divides the sum into the operators that do the
 counted FLOPs (convolutions and matrix multiplies) and the rest, and says which part of the profiled step's
 gap over its FLOP floor is larger. `rest_growth` prints one verdict on how that gap, the rest of the step, grew
-with the batch over repeated stopwatch runs, with the range the runs allow. `growth` sets two profiles of
-one step at two batch sizes side by side: the
-operator whose self time grew most, how much each part grew, and whether a part slowed per sample.
-`a100_ceiling` divides the
+with the batch over repeated stopwatch runs, with the range the runs allow. `a100_ceiling` divides the
 step's FLOPs, by kind, by NVIDIA's published A100 peaks (not measured) at the precision this torch
 allows for each kind.
 """
@@ -21,8 +18,6 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-
-from scaledl.workshop.baselines import SPREAD
 
 # Published peaks (NVIDIA A100 datasheet), not measured.
 A100_PEAK = {"FP32": 19.5e12, "TF32 tensor cores": 156e12}
@@ -153,55 +148,6 @@ def rest_growth(rests_small, rests_large, scale: float, where: str = "this devic
     print(f"the rest grew {growth:.1f}x for {scale:g}x the batch (the runs allow {low:.1f}x to {high:.1f}x): "
           f"on {where}, {verdict}")
     return {"growth": growth, "low": low, "high": high, "verdict": verdict}
-
-
-def growth(small: StepProfile, large: StepProfile, scale: float, stopwatch_growth: float | None = None,
-           stopwatch_low: float | None = None) -> dict:
-    """Print and return how the operators' self time per step grew from `small` to `large`, a profile of
-    the same step at a batch `scale` times larger: the operator whose time grew most beyond `scale` times its
-    time in `small` (in milliseconds), the growth of the operators with counted FLOPs and of the rest, and a
-    verdict. A part "slowed per sample" where it grew more than (1 + 2 SPREAD) x `scale`: a ratio of two
-    timings moves by the spread of each, and reruns on shared cores land up to SPREAD apart; `stopwatch_growth`,
-    the median growth of the stopwatch's rest over repeated runs (`rest_growth`), says whether the stopwatch saw
-    a slowdown too, and `stopwatch_low`, the least growth those runs allow, whether that slowdown stands out
-    from their noise."""
-    before, after = self_time_per_operator(small), self_time_per_operator(large)
-    top = max(after, key=lambda key: after[key] - scale * before.get(key, 0.0))  # the most time beyond `scale` x
-    top_growth = after[top] / before[top] if before.get(top) else float("inf")
-
-    def part_growth(counted: bool) -> float:
-        def part(times):
-            return sum(t for key, t in times.items()
-                       if any(KINDS[kind](key) for kind in FLOP_KINDS) == counted)
-        return part(after) / part(before) if part(before) else float("inf")
-
-    flop_growth, other_growth = part_growth(True), part_growth(False)
-    edge = (1 + 2 * SPREAD) * scale  # a ratio of two timings: the spread of each
-    print(f"grew most beyond {scale:g}x: {top}, {before.get(top, 0.0) * 1e3:.2f} to {after[top] * 1e3:.2f} ms "
-          f"per step ({top_growth:.1f}x for {scale:g}x the batch)")
-    print(f"convolutions and matrix multiplies grew {flop_growth:.1f}x, all other operators {other_growth:.1f}x")
-    neither = "taken together, neither part slowed per sample"
-    if top_growth > edge:  # one operator can slow while its part does not
-        neither += f" (one operator, {top}, grew {top_growth:.1f}x)"
-    if stopwatch_growth is None:
-        neither += ": no support for the cache story"
-    elif stopwatch_growth > edge and stopwatch_low is not None and stopwatch_low <= edge:
-        neither += (f"; the stopwatch's median {stopwatch_growth:.1f}x lies above {edge:g}x, but its runs allow "
-                    f"{stopwatch_low:.1f}x: within their noise the two agree")
-    elif stopwatch_growth > edge:
-        neither += f"; the profile does not reproduce the stopwatch's median {stopwatch_growth:.1f}x"
-    else:
-        neither += (f", nor the stopwatch's rest (median {stopwatch_growth:.1f}x): no slowdown per sample, "
-                    "so no cache story to test")
-    verdict = {  # (the products slowed, the operators without FLOPs slowed) -> what the numbers show
-        (False, False): neither,
-        (False, True): "the operators without FLOPs slowed per sample, as a batch too large for the caches would",
-        (True, False): "the products slowed per sample, the other operators did not: no support for the cache story",
-        (True, True): "both parts slowed per sample, as a batch too large for the caches would",
-    }[flop_growth > edge, other_growth > edge]
-    print(f"verdict: {verdict}")
-    return {"top": top, "top_growth": top_growth, "flop_growth": flop_growth, "other_growth": other_growth,
-            "verdict": verdict}
 
 
 def a100_ceiling(flop_counts: dict, batch_size: int, tf32: dict) -> float:
