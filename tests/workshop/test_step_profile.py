@@ -65,15 +65,6 @@ def test_gap_split_sets_the_stopwatch_beside_the_operators_rows(capsys):
         assert len(out.splitlines()) == 3 and max(len(line) for line in out.splitlines()) < 120
 
 
-def _profile(times_ms):  # one step's self time per operator, profiled over 5 steps
-    events = [event(key, 5 * 1000 * ms) for key, ms in times_ms.items()]
-    total, share = step_profile.self_time_by_kind(events, "self_cpu_time_total")
-    return step_profile.StepProfile(events, "self_cpu_time_total", total, share, 5)
-
-
-BATCH_64 = {"aten::max_pool2d_with_indices": 2.0, "aten::mkldnn_convolution": 1.0, "aten::mm": 1.0, "aten::relu": 1.0}
-
-
 def test_rest_growth_reads_the_range_both_batches_runs_allow(capsys):
     ms = 1e-3
     result = step_profile.rest_growth([3.38 * ms, 3.65 * ms, 2.66 * ms], [14.76 * ms, 16.35 * ms, 11.58 * ms], 4,
@@ -99,7 +90,7 @@ def test_rest_growth_reads_the_range_both_batches_runs_allow(capsys):
 def test_profile_steps_can_profile_without_printing(capsys):
     x = torch.randn(4, 4, requires_grad=True)
     profile = step_profile.profile_steps(lambda: (x @ x).sum().backward(), torch.device("cpu"), 2, show=False)
-    assert capsys.readouterr().out == "" and "aten::mm" in step_profile.self_time_per_operator(profile)
+    assert capsys.readouterr().out == "" and any(event.key == "aten::mm" for event in profile.events)
 
 
 def test_a100_ceiling_takes_the_peak_each_kind_is_allowed(capsys):

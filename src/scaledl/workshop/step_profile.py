@@ -115,12 +115,6 @@ def gap_split(profile: StepProfile, flops: float, throughput: float, predicted_s
     return {"flop_ops_s": flop_ops_s, "other_s": other_s, "rate": rate}
 
 
-def self_time_per_operator(profile: StepProfile) -> dict:
-    """Each operator's self time per step, in seconds (the operators' rows only, as `self_time_by_kind`)."""
-    return {event.key: getattr(event, profile.sort_by) / 1e6 / profile.num_steps for event in profile.events
-            if event.key.startswith(("aten::", "Optimizer."))}
-
-
 def rest_growth(rests_small, rests_large, scale: float, where: str = "this device") -> dict:
     """Print one line on how the rest of a step (its time outside the FLOP floor) grew from one batch to a
     batch `scale` times larger, and return the numbers.  `rests_small` and `rests_large` hold one rest per
