@@ -41,9 +41,8 @@ def one_rank_samples_per_s(module: str, flags=(), cores: int = 1, largest: int |
     `flags` and an output folder of its own; its samples/s.  `largest`: the world size it is compared with, so
     that it trains on the device kind those ranks get (`launchers.local_env`)."""
     folder = tempfile.mkdtemp(prefix=f"{module.rsplit('.', 1)[-1]}-")
-    env = thread_env(launchers.local_env(1, largest=largest), cores)
-    command = pinned(launchers.python_module(module, [*flags, "--out-dir", folder]), cores)
-    return _samples_per_s(command, env, folder)
+    command = launchers.python_module(module, [*flags, "--out-dir", folder])
+    return alone_samples_per_s(command, launchers.local_env(1, largest=largest), folder, cores)
 
 
 def whole_machine_samples_per_s(module: str, flags=()) -> float:
