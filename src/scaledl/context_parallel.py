@@ -30,14 +30,27 @@ class ContextParallelUnavailable(UserError):
     """PyTorch's context-parallel attention has no kernel for this device; the message says why, in one line."""
 
 
-def ring_schedule(world_size: int, causal: bool) -> list[list[tuple[int, str]]]:
-    """[step][rank] -> (the rank whose key/value block it holds, "full", "diagonal" or "skipped")."""
+def ring_schedule(world_size: int, causal: bool, order: str = "contiguous") -> list[list[tuple[int, str]]]:
+    """[step][rank] -> (the rank whose key/value block it holds, "full", "half", "diagonal" or "skipped").
+    `order` is how the tokens are dealt out: "contiguous" (rank r holds the r-th of p chunks) or "head-tail"
+    (rank r holds chunks r and 2p - 1 - r of 2p, PyTorch's `_HeadTailLoadBalancer`).  Under a causal mask
+    head-tail gives every rank half of every other rank's block: its late chunk sees the other's early chunk,
+    and one of its chunks sees the other's other chunk; its own block, "diagonal", is half too."""
+    if order not in ("contiguous", "head-tail"):
+        raise ValueError(f"order is 'contiguous' or 'head-tail', not {order!r}")
     steps = []
     for step in range(world_size):
         row = []
         for rank in range(world_size):
             source = (rank - step) % world_size
-            use = "full" if not causal or source < rank else "diagonal" if source == rank else "skipped"
+            if not causal:
+                use = "full"
+            elif source == rank:
+                use = "diagonal"
+            elif order == "head-tail":
+                use = "half"
+            else:
+                use = "full" if source < rank else "skipped"
             row.append((source, use))
         steps.append(row)
     return steps
@@ -87,34 +100,47 @@ def torch_attention(q, k, v, mesh, causal: bool):
     return context_parallel_unshard(mesh, [out], [2])[0]
 
 
-def ring_figure(world_size: int = 4, causal: bool = True):
+def ring_figure(world_size: int = 4, causal: bool = True, head_tail: bool = False):
     """Ranks down, ring steps across: the key/value block each rank holds at each step, and whether a
-    causal mask lets it use all of it, its diagonal, or none."""
+    causal mask lets it use all of it, half of it, its diagonal, or none.  With `head_tail`, a second
+    panel below deals the tokens out in PyTorch's head-tail order (`ring_schedule`)."""
     from matplotlib.figure import Figure
+
+    orders = ["contiguous", "head-tail"] if head_tail else ["contiguous"]
+    fig = Figure(figsize=(1.5 * world_size + 2.6, (0.9 * world_size + 1.3) * len(orders)), layout="constrained")
+    for ax, order in zip(fig.subplots(len(orders), 1, squeeze=False)[:, 0], orders):
+        _ring_panel(ax, world_size, causal, order)
+    return fig
+
+
+def _ring_panel(ax, world_size: int, causal: bool, order: str) -> None:
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
-    colors = {"full": "#4C72B0AA", "diagonal": "#DD8452AA", "skipped": "#DDDDDD"}
-    fig = Figure(figsize=(1.5 * world_size + 2.6, 0.9 * world_size + 1.3), layout="constrained")
-    ax = fig.subplots()
-    for step, row in enumerate(ring_schedule(world_size, causal)):
+    colors = {"full": "#4C72B0AA", "half": "#4C72B055", "diagonal": "#DD8452AA", "skipped": "#DDDDDD"}
+    labels = {"full": "all keys", "half": "half the keys", "diagonal": "diagonal", "skipped": "skipped"}
+    for step, row in enumerate(ring_schedule(world_size, causal, order)):
         for rank, (source, use) in enumerate(row):
             y = world_size - 1 - rank
             ax.add_patch(Rectangle((step * 1.5, y), 1.3, 0.8, facecolor=colors[use], edgecolor="black", linewidth=0.8))
-            label = {"full": "all keys", "diagonal": "diagonal", "skipped": "skipped"}[use]
             ax.text(step * 1.5 + 0.65, y + 0.52, f"K, V of {source}", ha="center", va="center", fontsize=8)
-            ax.text(step * 1.5 + 0.65, y + 0.22, label, ha="center", va="center", fontsize=7, color="#333333")
+            ax.text(step * 1.5 + 0.65, y + 0.22, labels[use], ha="center", va="center", fontsize=7, color="#333333")
             if step < world_size - 1 and rank < world_size - 1:  # the block moves one rank down, one step on
                 ax.add_patch(FancyArrowPatch((step * 1.5 + 1.3, y + 0.4), (step * 1.5 + 1.5, y - 0.4),
                                              arrowstyle="->", mutation_scale=8, linewidth=0.6, color="#555555"))
     for rank in range(world_size):
-        ax.text(-0.15, world_size - 1 - rank + 0.4, f"rank {rank}\n(queries {rank})", ha="right", va="center",
+        queries = f"chunks {rank}, {2 * world_size - 1 - rank}" if order == "head-tail" else f"queries {rank}"
+        ax.text(-0.15, world_size - 1 - rank + 0.4, f"rank {rank}\n({queries})", ha="right", va="center",
                 fontsize=8)
     for step in range(world_size):
         ax.text(step * 1.5 + 0.65, world_size + 0.15, f"step {step}", ha="center", fontsize=8)
     ax.set_xlim(-1.6, world_size * 1.5)
     ax.set_ylim(-0.2, world_size + 0.5)
     ax.axis("off")
-    mask = "causal: later ranks' blocks skipped, the own block's diagonal masked" if causal else "no mask"
-    ax.set_title(f"Ring attention on {world_size} ranks, {mask}\neach step every block moves to the next rank "
-                 f"(rank {world_size - 1}'s to rank 0)", fontsize=9)
-    return fig
+    if order == "head-tail":
+        title = (f"Head-tail order: rank r holds chunks r and {2 * world_size - 1} - r of {2 * world_size}; "
+                 "under the causal mask every rank uses half of each block")
+    else:
+        mask = "causal: later ranks' blocks skipped, the own block's diagonal masked" if causal else "no mask"
+        title = (f"Ring attention on {world_size} ranks, {mask}\neach step every block moves to the next rank "
+                 f"(rank {world_size - 1}'s to rank 0)")
+    ax.set_title(title, fontsize=9)

@@ -77,14 +77,15 @@ def mesh_figure(dp: int = 2, tp: int = 2, ranks_per_node: int | None = None):
             rank = row * tp + col
             ax.add_patch(FancyBboxPatch((col * 1.6, y * 1.1), 1.2, 0.75, boxstyle="round,pad=0.03",
                                         facecolor="#4C72B055", edgecolor="black", linewidth=0.8))
-            ax.text(col * 1.6 + 0.6, y * 1.1 + 0.5, f"rank {rank}", ha="center", va="center", fontsize=9)
-            ax.text(col * 1.6 + 0.6, y * 1.1 + 0.22, f"node {rank // ranks_per_node}", ha="center", va="center",
-                    fontsize=7, color="#444444")
+            label = {"ha": "center", "va": "center", "bbox": {"facecolor": "#C3D0E5", "edgecolor": "none", "pad": 1}}
+            ax.text(col * 1.6 + 0.6, y * 1.1 + 0.5, f"rank {rank}", fontsize=9, **label)  # the box's colour, over
+            ax.text(col * 1.6 + 0.6, y * 1.1 + 0.22, f"node {rank // ranks_per_node}", fontsize=7, color="#444444",
+                    **label)  # the dp line behind it
         ax.plot([0.1, (tp - 1) * 1.6 + 1.1], [y * 1.1 - 0.08] * 2, color="#C44E52", linewidth=3)
         ax.text((tp - 1) * 1.6 + 1.35, y * 1.1 + 0.37, f"tp group {row}:\nsplits each layer\n(all-reduce)",
                 va="center", fontsize=7.5, color="#C44E52")
-    for col in range(tp):
-        ax.plot([col * 1.6 - 0.12] * 2, [0.05, (dp - 1) * 1.1 + 0.7], color="#55A868", linewidth=3)
+    for col in range(tp):  # each dp group's line runs through its own column of rank boxes, behind them
+        ax.plot([col * 1.6 + 0.6] * 2, [-0.05, (dp - 1) * 1.1 + 0.8], color="#55A868", linewidth=3, zorder=0)
     ax.text(-0.3, (dp - 1) * 1.1 / 2 + 0.37, "dp groups:\nFSDP2 shards\n(all-gather,\nreduce-scatter)",
             ha="right", va="center", fontsize=7.5, color="#55A868")
     ax.set_xlim(-1.6, tp * 1.6 + 1.2)

@@ -186,3 +186,12 @@ def test_spearman_counts_orders_not_values():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 400]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(0.8)
+
+
+def test_pairs_in_order_counts_pairs_the_runs_keep():
+    from scaledl.perf.bench.layouts import pairs_in_order
+
+    rows = [{"predicted_ms": p, "measured_ms": m} for p, m in ((21.9, 18.5), (18.9, 20.9), (42.4, 68.9))]
+    assert pairs_in_order(rows) == (2, 3)  # lesson 14's run: dp and pp swapped, tp last in both
+    assert pairs_in_order(rows[:1]) == (0, 0)
+    assert pairs_in_order([{**row, "measured_ms": row["predicted_ms"]} for row in rows]) == (3, 3)

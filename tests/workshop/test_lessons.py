@@ -189,6 +189,8 @@ def prose(stem: str) -> str:
 def test_wrong_claims_stay_corrected():
     horovod = (ROOT / "solutions" / "04_horovod_tf.ipynb").read_text()
     assert "by name" in horovod and "different orders" in horovod
+    # lesson 3's rule: the all-reduce fit keeps to the sizes it predicts, and claims no rate for the bytes
+    assert "fitted = timed_B <= 2**20" in horovod and "then the bytes at" not in horovod
     zero = (ROOT / "solutions" / "09_zero_fsdp.ipynb").read_text()
     assert "largest layer gathered in fp32" not in zero and "4 bytes per parameter of the largest layer" in zero
     assert "stage 1 saves nothing here" not in zero
@@ -206,6 +208,11 @@ def test_wrong_claims_stay_corrected():
     # 0.17.6 is the DeepSpeed of ALCF's conda/2025-09-25 module (Polaris system updates), said with its source.
     assert "(Polaris' 0.17.6 among them)" not in deepspeed and "ALCF's `conda/2025-09-25` module" in deepspeed
     assert "without a GPU, per process)" not in deepspeed
+    # The stage-2 figure's third red bar is step()'s norm all-reduce; the recording wraps all_reduce only.
+    assert "is `step()`'s 4-byte all-reduce" in deepspeed and "it wraps `all_reduce` only" in deepspeed
+    ddp = prose("06_ddp")
+    # The 1 MiB first bucket holds at the default cap only; the timeline shows the wait for the partner.
+    assert "Set `bucket_cap_mb`, and every bucket has that cap" in ddp and "The wait for the partner, seen" in ddp
     sharded = prose("09_zero_fsdp")
     # FSDPParamGroup.post_backward reshards, then reduce-scatters.
     assert "freed once its gradients are reduce-scattered" not in sharded
@@ -219,6 +226,13 @@ def test_wrong_claims_stay_corrected():
     assert "Data parallelism crosses the network once per step" not in model_parallel
     assert "a buffer of exactly the shape and type" not in model_parallel
     assert "the same number of elements and dtype as what is sent" in model_parallel
+    pipelines = prose("11_pipelines")
+    # Interleaving v chunks on S ranks: a micro batch crosses v*S - 1 rank boundaries each way, not v*(S - 1).
+    assert "v times as many sends between ranks" not in pipelines and "v·S - 1 times each way" in pipelines
+    assert "your drawing (Exercise 3)" not in pipelines  # the drawing is given; Exercise 3 is the formula
+    sequences = prose("13_sequences")
+    # The fused kernel's log-sum-exp is log(sum exp(scores)) = m + log l, not l.
+    assert "log-sum-exp is this l" not in sequences and "log-sum-exp is m + log l" in sequences
 
 
 def test_lessons_import_no_rung_internals():

@@ -133,6 +133,20 @@ def test_the_measured_pipeline_timeline_draws_each_event_on_its_rank():
     assert len(bars) == 8 and fig.bubble == pytest.approx(1 / 3)
     assert sorted({round(b.get_y() + b.get_height() / 2) for b in bars}) == [0, 1]  # one row a rank
     assert [t.get_text() for t in fig.axes[0].texts][:2] == ["F0", "F1"]
+    assert not any(b.get_hatch() for b in bars)  # one stage a rank: nothing hatched
+    drawn(fig)
+
+
+def test_the_interleaved_timeline_hatches_each_ranks_second_chunk():
+    """2 ranks x 2 chunks: stages 0 and 2 on rank 0, 1 and 3 on rank 1; one micro batch goes round twice."""
+    events = [[1, 0, 0, "F", 0, 0.000, 0.001], [1, 1, 1, "F", 0, 0.001, 0.002], [1, 0, 2, "F", 0, 0.002, 0.003],
+              [1, 1, 3, "F", 0, 0.003, 0.004], [1, 1, 3, "B", 0, 0.004, 0.005], [1, 0, 2, "B", 0, 0.005, 0.006],
+              [1, 1, 1, "B", 0, 0.006, 0.007], [1, 0, 0, "B", 0, 0.007, 0.008]]
+    fig = plots.pipeline_timeline(events)
+    bars = [p for p in fig.axes[0].patches if p.get_facecolor()[:3] != matplotlib.colors.to_rgb(plots.COLORS["idle"])]
+    assert [bool(b.get_hatch()) for b in bars] == [e[2] >= 2 for e in events]
+    assert {t.get_text() for t in fig.axes[0].texts} == {"0"}  # the micro batch; the colour and hatch say the rest
+    assert "second chunk (stages 2-3)" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
     drawn(fig)
 
 
@@ -355,6 +369,8 @@ def test_ring_hiding_crosses_one_at_each_links_threshold():
     assert len(lines) == 2
     for line, threshold in zip(lines, thresholds.values()):
         xs, ys = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
-        assert ys == pytest.approx(xs / 8 / threshold)  # compute / send = tokens per rank / threshold
-        assert ys[xs < 8 * threshold].max() < 1 < ys[xs > 8 * threshold].min()
-    assert "hides from 24,960 tokens" in ax.get_legend().get_texts()[0].get_text()
+        assert ys == pytest.approx(xs / threshold)  # compute / send = tokens per rank / threshold
+        assert ys[xs < threshold].max() < 1 < ys[xs > threshold].min()
+    assert "hides from 3,120 tokens a rank" in ax.get_legend().get_texts()[0].get_text()
+    assert "tokens per rank" in ax.get_xlabel()
+    assert "ring of 8 ranks" in ax.child_axes[0].get_xlabel()  # the sequence length, s = 8 n, on the top axis

@@ -61,6 +61,9 @@ CASES = {
     "rank_device_unmapped": ("06_ddp", '    return torch.device("cuda", index), visible[index]',
                              '    return torch.device("cuda", index), index', "the GPU behind it is not"),
     "uneven_step_equal_weights": ("06_ddp", "weight_gap = -1.0", "weight_gap = 0.0", "you predicted equal weights"),
+    # One all-reduce per micro batch predicted: the count is one per bucket, in the window's last backward only.
+    "accumulation_count_per_micro_batch": ("06_ddp", "predicted_all_reduces = 1  #", "predicted_all_reduces = 4  #",
+                                           "you predicted 4"),
     "tp_without_all_reduce": ("12_tensor_parallel", "    tdist.all_reduce(partial)", "    pass",
                               "only its partial sum"),
     "stage2_one_backward": ("08_deepspeed", '"all_reduces": accumulation_steps * len(buckets),',

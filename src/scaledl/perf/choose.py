@@ -51,7 +51,7 @@ from scaledl import activations, models, zero_memory
 from scaledl.perf import predict
 
 ADAM_STATE_BYTES = 8  # Adam's two fp32 moments a parameter (torch.optim.Adam: exp_avg, exp_avg_sq)
-HEADROOM = 0.1  # of a device's memory kept free: a layout fits in the rest (the path's one fit rule, lessons 1, 10, 14)
+HEADROOM = 0.1  # of a device's memory kept free; a layout fits in the rest (the fit rule of lessons 1, 9, 10, 14)
 RECOMPUTE = ("none", "full")  # selective reruns a measured share: not predicted here
 
 

@@ -213,14 +213,16 @@ def zero_memory(panels: dict):
     return fig
 
 
-def _bar_labels(ax, labels: list, span: float, fontsize: float) -> None:
+def _bar_labels(ax, labels: list, span: float, fontsize: float, margin: float = 4, boxed: bool = False) -> None:
     """Write each (middle, row, width, text) label inside its bar, in data units of an x axis `span` wide, only
-    where the bar is wider than its text (at most 0.7 of the font size a character) and a margin: a narrower bar
-    stays bare.  The axis is taken as 10% wider than `span`, for matplotlib's margins."""
+    where the bar is wider than its text (at most 0.7 of the font size a character) and a margin (points): a
+    narrower bar stays bare.  The axis is taken as 10% wider than `span`, for matplotlib's margins.  `boxed`
+    puts each label on a white patch, readable on a hatched bar."""
     points_per_unit = ax.get_position().width * ax.figure.get_figwidth() * 72 / (1.1 * span) if span > 0 else 0.0
+    box = {"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85} if boxed else None
     for middle, row, width, text in labels:
-        if width * points_per_unit >= 0.7 * fontsize * len(text) + 4:  # the text, with a margin each side
-            ax.text(middle, row, text, ha="center", va="center", fontsize=fontsize)
+        if width * points_per_unit >= 0.7 * fontsize * len(text) + margin:  # the text, with a margin each side
+            ax.text(middle, row, text, ha="center", va="center", fontsize=fontsize, bbox=box)
 
 
 def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
@@ -261,8 +263,12 @@ def pipeline_schedule(forward_s: list, backward_s: list, microbatches: int):
 
 def pipeline_timeline(events: list, step: int | None = None, title: str = ""):
     """One step of a pipeline as it ran (`scaledl.pipeline_events`: the rung's pipeline_events.json):
-    a row per rank, each forward and backward where its stage's clock put it, labelled with the
-    micro batch (and the stage, where a rank holds two); grey is the time the rank sat idle."""
+    a row per rank, each forward (blue) and backward (orange) where its stage's clock put it, labelled
+    F<micro batch> or B<micro batch>; grey is the time the rank sat idle.  Where a rank holds two stages
+    (interleaved), the bars of its second stage are hatched and labelled with the micro batch alone, the
+    legend saying which is which: the narrow bars have room for one digit."""
+    from matplotlib.patches import Patch
+
     from scaledl import pipeline_events
 
     step = max(e[0] for e in events) if step is None else step
@@ -271,18 +277,27 @@ def pipeline_timeline(events: list, step: int | None = None, title: str = ""):
     several = len({e[2] for e in mine}) > len(ranks)  # interleaved: two stages a rank
     start = min(e[5] for e in mine)
     span = max(e[6] for e in mine) - start
-    fig, ax = _figure(10, 0.9 + 0.6 * len(ranks))
+    fig, ax = _figure(10, 1.3 + 0.6 * len(ranks))
     ax.barh(ranks, [span * 1e3] * len(ranks), color=COLORS["idle"], zorder=0)
     labels = []
     for _, rank, stage, kind, micro_batch, begin, end in mine:
         color = COLORS["forward" if kind == "F" else "backward"]
-        ax.barh(rank, (end - begin) * 1e3, left=(begin - start) * 1e3, color=color, edgecolor="black", linewidth=0.5)
-        label = f"{kind}{micro_batch}" + (f"/s{stage}" if several else "")
+        ax.barh(rank, (end - begin) * 1e3, left=(begin - start) * 1e3, color=color, edgecolor="black", linewidth=0.5,
+                hatch="//" if several and stage >= len(ranks) else None)
+        label = f"{micro_batch}" if several else f"{kind}{micro_batch}"
         labels.append(((begin - start + (end - begin) / 2) * 1e3, rank, (end - begin) * 1e3, label))
-    _bar_labels(ax, labels, span * 1e3, 6)
+    _bar_labels(ax, labels, span * 1e3, 6, margin=2 if several else 4, boxed=several)
+    handles = [Patch(color=COLORS["forward"], label="forward (F), of the micro batch written on it"),
+               Patch(color=COLORS["backward"], label="backward (B)"), Patch(color=COLORS["idle"], label="idle")]
+    if several:
+        last = len(ranks) - 1
+        handles.insert(2, Patch(facecolor="white", edgecolor="black", hatch="//",
+                                label=f"hatched: the rank's second chunk (stages {last + 1}-{2 * last + 1}); "
+                                      f"plain: its first (stages 0-{last})"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=7, frameon=False)
     measured = pipeline_events.bubble(mine, skip_first=False)
     ax.set(yticks=ranks, yticklabels=[f"rank {r}" for r in ranks], xlabel="ms from the step's first forward",
-           title=title or f"step {step} as measured: the ranks idle {measured:.0%} of it")
+           title=f"{title or f'step {step} as measured'}: the ranks idle {measured:.0%} of it")
     ax.invert_yaxis()
     fig.bubble = measured
     return fig
@@ -675,10 +690,11 @@ def memory_stack(bars: dict, limit_bytes: float | None = None, limit_label: str 
                  title: str = ""):
     """Stacked bars of a training step's memory by kind, one bar a case: {label: {"params": bytes,
     "grads": bytes, "optimizer": bytes, "activations": bytes}}; `limit_bytes` draws a device's memory,
-    `measured` ({label: bytes}) marks what a run counted for the same bar's activations."""
+    `measured` ({label: bytes}) marks the bar's state plus what a run counted of its activations.  Binary units,
+    MiB and GiB, as the lessons print memory."""
     fig, ax = _figure(max(5.5, 1.6 * len(bars) + 2.5), 3.6)
     largest = max([sum(parts.values()) for parts in bars.values()] + [limit_bytes or 0])
-    scale, unit = (1e9, "GB") if largest > 1e9 else (1e6, "MB") if largest > 1e6 else (1e3, "kB")
+    scale, unit = (2**30, "GiB") if largest > 2**30 else (2**20, "MiB") if largest > 2**20 else (2**10, "KiB")
     labels, bottom = list(bars), [0.0] * len(bars)
     for key in ("params", "grads", "optimizer", "activations"):
         values = [bars[label].get(key, 0) / scale for label in labels]
@@ -687,14 +703,14 @@ def memory_stack(bars: dict, limit_bytes: float | None = None, limit_label: str 
             for x, label in enumerate(labels):
                 if label in measured:
                     ax.plot(x, bottom[x] + measured[label] / scale, "D", color="black", markersize=6,
-                            label="activations counted live" if x == 0 else None)
+                            label="state + activations counted live" if x == 0 else None)
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, total in enumerate(bottom):  # above the bar and its diamond
         ax.annotate(f"{total:.3g}", (x, total), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8)
     if limit_bytes:
         ax.axhline(limit_bytes / scale, color="black", linestyle="--", linewidth=1)
         ax.text(len(labels) - 0.5, limit_bytes / scale, limit_label, ha="right", va="bottom", fontsize=8)
-    ax.set(ylabel=f"{unit} per rank", title=title)
+    ax.set(ylabel=f"{unit} per rank", title=title, ylim=(0, 1.12 * largest / scale))  # room for the labels
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8, frameon=False)
     return fig
@@ -731,26 +747,29 @@ def layout_parts(rows: list[dict], title: str = ""):
     return fig
 
 
-def ring_hiding(thresholds: dict, ranks: int, seq_lens=None):
+def ring_hiding(thresholds: dict, ranks: int, tokens=None):
     """When a ring attention step hides its send (lesson 13): for each link, `thresholds[name]` the tokens per
-    rank n = F e / (2B) at which a step's compute equals its send; against the sequence length s, over `ranks`
-    ranks, the ratio compute / send = (s / ranks) / threshold.  Above 1 the next block arrives while this one is
-    in use; below it, the ring waits on its link.  Each link's crossing is marked at s = ranks x threshold."""
-    seq_lens = list(seq_lens or [2 ** k for k in range(10, 21)])  # 1k to 1M tokens
+    rank n = F e / (2B) at which a step's compute equals its send; against the tokens per rank n, the ratio
+    compute / send = n / threshold.  Above 1 the next block arrives while this one is in use; below it, the
+    ring waits on its link.  Each link's crossing is marked at its threshold; the top axis gives the sequence
+    length s = ranks x n on a ring of `ranks`."""
+    tokens = list(tokens or [2 ** k for k in range(8, 19)])  # 256 to 262,144 tokens a rank
     fig, ax = _figure(7, 3.6)
     ax.axhspan(1, 1e4, color="#e5f5e0", zorder=0)
     ax.axhline(1, color="black", linewidth=0.8)
     ratios = []
     for (name, threshold), color in zip(thresholds.items(), ["#4C72B0", "#DD8452", "#C44E52", "#55A868"]):
-        ratio = [s / ranks / threshold for s in seq_lens]
+        ratio = [n / threshold for n in tokens]
         ratios += ratio
-        ax.plot(seq_lens, ratio, marker="o", markersize=3, color=color,
-                label=f"{name}: hides from {ranks * threshold:,.0f} tokens")
-        ax.axvline(ranks * threshold, color=color, linestyle=":", linewidth=1)
-    ax.set(xscale="log", yscale="log", xlabel=f"sequence length s (tokens, over {ranks} ranks)",
+        ax.plot(tokens, ratio, marker="o", markersize=3, color=color,
+                label=f"{name}: hides from {threshold:,.0f} tokens a rank")
+        ax.axvline(threshold, color=color, linestyle=":", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlabel="tokens per rank n",
            ylabel="ring step: compute / send", ylim=(min(ratios) / 1.5, max(ratios) * 1.5),
            title="ring attention hides its sends above the line")
-    ax.text(seq_lens[0], 1.15, "send hidden behind compute", fontsize=8, va="bottom")
-    ax.text(seq_lens[0], 0.87, "ring waits on its link", fontsize=8, va="top")
+    top = ax.secondary_xaxis("top", functions=(lambda n: n * ranks, lambda s: s / ranks))
+    top.set_xlabel(f"sequence length s on a ring of {ranks} ranks (s = {ranks} n)", fontsize=8)
+    ax.text(tokens[0], 1.15, "send hidden behind compute", fontsize=8, va="bottom")
+    ax.text(tokens[0], 0.87, "ring waits on its link", fontsize=8, va="top")
     ax.legend(fontsize=8, loc="lower right")
     return fig

@@ -67,13 +67,9 @@ def _training_step(width, depth, heads, seq_len, micro_batch_size, mode, device)
     import torch
     import torch.nn.functional as F
 
-    from scaledl import layers, models
+    from scaledl import models
 
-    torch.manual_seed(0)
-    model = models.gpt(width, depth, heads, seq_len, recompute="full" if mode == "machinery" else mode)
-    if mode == "machinery":
-        layers.use_checkpoint(model, _checkpoint_keeping_all)
-    model = model.to(device)
+    model = build(width, depth, heads, seq_len, mode).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randint(0, models.VOCAB_SIZE, (micro_batch_size, seq_len), device=device)
 
@@ -83,6 +79,20 @@ def _training_step(width, depth, heads, seq_len, micro_batch_size, mode, device)
         optimizer.zero_grad()
 
     return step
+
+
+def build(width: int, depth: int, heads: int, seq_len: int, mode: str):
+    """The language model built from seed 0 under `mode`, a `--recompute` mode or `machinery` (selective's
+    checkpoint keeping every operation's output, which keeps more than `none`: the outputs autograd would not)."""
+    import torch
+
+    from scaledl import layers, models
+
+    torch.manual_seed(0)
+    model = models.gpt(width, depth, heads, seq_len, recompute="full" if mode == "machinery" else mode)
+    if mode == "machinery":
+        layers.use_checkpoint(model, _checkpoint_keeping_all)
+    return model
 
 
 def _keep_every_output(ctx, op, *args, **kwargs):

@@ -92,6 +92,13 @@ def test_accumulation_check(capsys):
     fails(capsys, checks.check_accumulation([accumulation_report()], 4), "start 2 or more")
     fails(capsys, checks.check_accumulation([None, None], 4), "did not finish")
     assert not checks.check_accumulation(None, 4)
+    # The prediction of the all-reduces per window: graded when reported.
+    assert checks.check_accumulation([{**accumulation_report(), "predicted": 1}] * 2, 4)
+    verdict(capsys)
+    fails(capsys, checks.check_accumulation([{**accumulation_report(), "predicted": 4}] * 2, 4),
+          "you predicted 4", "fill 1 bucket")
+    fails(capsys, checks.check_accumulation([{**accumulation_report(), "predicted": None}] * 2, 4),
+          "set predicted_all_reduces")
 
 
 def test_wrap_prediction_check(capsys):

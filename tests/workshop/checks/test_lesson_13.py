@@ -145,6 +145,9 @@ def test_the_ring_schedule_and_its_arithmetic():
     assert [use for _, use in steps[0]] == ["diagonal"] * 4
     assert sum(use == "full" for row in steps for _, use in row) == 6  # the 4 x 3 / 2 pairs of earlier blocks
     assert all(use == "full" for row in context_parallel.ring_schedule(3, causal=False) for _, use in row)
+    balanced = context_parallel.ring_schedule(4, causal=True, order="head-tail")  # every rank: half of each block
+    assert [use for _, use in balanced[0]] == ["diagonal"] * 4
+    assert all(use == "half" for row in balanced[1:] for _, use in row)
     n, batch, width = 1024, 2, 512
     # At n = tokens_to_hide the step's compute at the peak takes as long as its send.
     peak, bandwidth = 312e12, 100e9

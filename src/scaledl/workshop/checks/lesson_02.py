@@ -210,7 +210,8 @@ def check_stopwatch_prediction(predict) -> bool:
         shown = f"{got:.3g}" if got < 1 else f"{got:,.0f} samples/s"
         return _verdict(False, f"{where}: {shown}, the stopwatch reads {want:,.0f} samples/s: {hint}")
     return _verdict(True, f"all {len(_STOPWATCH_CASES)} cases: without synchronize the clock reads the host's "
-                          "launches; with it, the queue drains first; the warm-up stays outside the clock")
+                          "launches; with it, the queue drains first; warmup_steps changes nothing, since the "
+                          "synchronize after the warm-up keeps it outside the clock")
 
 
 # (measured seconds of one step at batch_size, its FLOP floor in seconds, batch_size, new_batch_size): larger

@@ -180,7 +180,8 @@ def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance
     all-reduces in the window, "buckets": all-reduces one synchronized backward makes}, and
     optionally the same difference from a step of accumulation_steps x lr ("error_unscaled": the
     micro losses were not divided) and of lr / world_size ("error_over_ranks": divided by the
-    ranks too, which DDP's average already does)."""
+    ranks too, which DDP's average already does), and "predicted": the learner's all-reduces per
+    window (None: not set; absent: not asked)."""
     if reports_by_rank is None:
         return False
     if len(reports_by_rank) < 2:  # one rank: no all-reduce to skip, no other rank's samples to match
@@ -211,6 +212,16 @@ def check_accumulation(reports_by_rank: list, accumulation_steps: int, tolerance
                     f"after the other micro batches accumulated; each loss divided by {accumulation_steps}, "
                     "one optimizer step per window")
         return _verdict(False, f"the weights differ from one big-batch step by {error:.2g}: {hint}")
+    if "predicted" in reports_by_rank[0]:  # the learner's count, when the cell reports one
+        predicted = reports_by_rank[0]["predicted"]
+        if predicted is None:
+            return _verdict(False, "the loop is right; now set predicted_all_reduces to the all-reduces you expect "
+                                   "in one window")
+        if predicted != buckets:
+            return _verdict(False, f"the loop is right, but you predicted {predicted} all-reduce(s) a window and DDP "
+                                   f"made {calls}: one per bucket, in the last backward only, and this model's "
+                                   f"gradients fill {buckets} bucket{'s' * (buckets != 1)} (the rules: order, caps, "
+                                   "close)")
     return _verdict(True, f"one all-reduce per window ({buckets} bucket{'s' * (buckets != 1)}) and the same weights "
                           f"as one step on the {accumulation_steps}x larger batch of all {len(reports_by_rank)} ranks")
 
