@@ -13,7 +13,7 @@
 # Written by `scaledl jobs` from scaledl/hpc/templates/job.sh.template, the one template of every
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
-# Submit from the directory that holds your runs:  qsub jobs/aurora/single_tf.sh
+# Submit from the directory that holds your runs:  qsub -A YOUR_PROJECT jobs/aurora/single_tf.sh
 # See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/aurora/single_tf.sh
 # `scaledl launch` builds the mpiexec command and exports aurora's recommended
 # communication variables unless you set them first; --dry-run prints both.

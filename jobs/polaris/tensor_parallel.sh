@@ -12,7 +12,7 @@
 # Written by `scaledl jobs` from scaledl/hpc/templates/job.sh.template, the one template of every
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
-# Submit from the directory that holds your runs:  qsub jobs/polaris/tensor_parallel.sh
+# Submit from the directory that holds your runs:  qsub -A YOUR_PROJECT jobs/polaris/tensor_parallel.sh
 # See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/polaris/tensor_parallel.sh
 # `scaledl launch` builds the mpiexec command and exports polaris's recommended
 # communication variables unless you set them first; --dry-run prints both.

@@ -286,7 +286,7 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
     values = {
         "directives": _directives(job, project, slurm_gpus_per_node, slurm_partition),
         "title": job.title,
-        "submit": "qsub" if pbs else "sbatch",
+        "submit": f"qsub -A {project}" if pbs else f"sbatch -A {project}",  # -A: the account, as the README submits
         "system": job.system,
         "name": job.name,
         "launcher": "mpiexec" if pbs else "srun",
