@@ -20,7 +20,7 @@ if [ -n "$torch_cuda" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
 else
     export DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_ACCELERATOR=cpu
 fi
-export MAX_JOBS=${BUILD_JOBS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}  # at most 8 compilers: see build_horovod.sh
+export MAX_JOBS=${BUILD_JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}  # at most 4 compilers: see build_horovod.sh
 echo "building deepspeed $version for accelerator $DS_ACCELERATOR (torch CUDA ${torch_cuda:-none})"
 # --no-cache-dir: never take a wheel pip built earlier against another torch.
 PATH="$(cd "$venv/bin" && pwd):$PATH" "$python" -m pip wheel --disable-pip-version-check --no-cache-dir \

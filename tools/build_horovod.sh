@@ -60,9 +60,9 @@ if [ $has_tf = 1 ]; then
     export CPLUS_INCLUDE_PATH=${CPLUS_INCLUDE_PATH:-}
 fi
 export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
-# At most 8 compilers at once (BUILD_JOBS to change it): a shared login node, where this build runs on
-# Polaris and Aurora, is not ours to fill.
-export MAKEFLAGS="-j${BUILD_JOBS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}"
+# At most 4 compilers at once (BUILD_JOBS to change it): a shared login node, where this build runs on
+# Polaris and Aurora, is not ours to fill (a Polaris login node gives a user 8 cores: ALCF docs/polaris/system-updates.md).
+export MAKEFLAGS="-j${BUILD_JOBS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
 
 if [ -n "${torch_cuda:-}" ]; then
     # A CUDA torch that finds a toolkit makes Horovod compile its CUDA code (no variable switches

@@ -19,7 +19,9 @@ of later ranks, masks the diagonal within its own block, and uses every key of e
 `ring_schedule` says which block each rank holds and uses at each step (the lesson's figure),
 `ring_step_bytes` and `ring_step_flops` what a step sends and computes, and `tokens_to_hide` how
 many tokens a rank needs before the step's compute hides its send.  `torch_attention` is PyTorch's
-own ring (`torch.distributed.tensor.experimental.context_parallel`), where the device has it.
+own context parallelism (`torch.distributed.tensor.experimental.context_parallel`), where the device has it: by
+default it all-gathers K and V once per attention call and passes only dK and dV round the ring (its
+`set_rotate_method("alltoall")` passes K and V too).
 """
 from __future__ import annotations
 

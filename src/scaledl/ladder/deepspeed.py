@@ -124,7 +124,7 @@ def main(argv=None) -> int:
             loss = F.cross_entropy(logits.float(), y)  # New Code #
             if run.guard.allows_loss(loss):  # New Code #: ZeRO keeps the gradients to itself: check the loss
                 model.backward(loss)  # New Code #: divides by --grad-accum, scales, averages or reduce-scatters
-                model.step()  # New Code #: at a step's last micro batch, optimizer and scheduler step, zero the grads
+                model.step()  # New Code #: at a step's last micro batch: optimizer step, zero the grads, scheduler step
             if run.end_micro_batch(loss, logits, y):  # New Code #: the engine counted the micro batches itself
                 run.end_step()  # lr schedule, --checkpoint-every
 
