@@ -110,8 +110,20 @@ def pytest_collection_modifyitems(config, items):
         longest_files_first(items)
 
 
-# tools/test.sh keeps the last run's per-test times here (runs/ is not tracked).
-LAST_TIMES = ROOT / "runs" / "last-test" / "parallel.xml"
+# tools/test.sh keeps each test's time in the last run here (runs/ is not tracked); a fresh clone (CI) reads
+# the times committed beside this file instead (`python tests/conftest.py` writes them from the last run).
+LAST_TIMES = ROOT / "runs" / "last-test" / "times.tsv"
+FILE_TIMES = Path(__file__).resolve().parent / "file_seconds.json"
+
+
+def file_seconds(path: Path = LAST_TIMES) -> dict[str, float]:
+    """Seconds per test file (a notebook counts as one), summed over its tests' setup, call and teardown."""
+    seconds: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        duration, _, _, nodeid = line.split("\t", 3)
+        key = nodeid.split("::", 1)[0]
+        seconds[key] = seconds.get(key, 0.0) + float(duration)
+    return seconds
 
 
 def longest_files_first(items) -> None:
@@ -119,30 +131,19 @@ def longest_files_first(items) -> None:
 
     Phase 1 hands out whole files (--dist loadfile, with --no-loadscope-reorder: in this order); xdist's own
     order, by the number of tests, leaves the files of one long test (the demo's 150 s) to the end, where one
-    worker runs them while the other has nothing left.  A file the last run did not time goes first; without
-    that run's times (a fresh clone), the slow tier's files go first, then the files with the most tests."""
-    import xml.etree.ElementTree as ET
-
-    seconds: dict[str, float] = {}
+    worker runs them while the other has nothing left.  A file the last run did not time goes first."""
     try:
-        for case in ET.parse(LAST_TIMES).getroot().iter("testcase"):
-            parts = case.get("classname", "").split(".")
-            for end in range(1, len(parts) + 1):  # the file's key, whatever class the test is in
-                key = ".".join(parts[:end])
-                seconds[key] = seconds.get(key, 0.0) + float(case.get("time") or 0)
-    except (OSError, ET.ParseError, ValueError):
-        seconds = {}
+        seconds = file_seconds()
+    except (OSError, ValueError):
+        try:
+            seconds = json.loads(FILE_TIMES.read_text())
+        except (OSError, ValueError):
+            seconds = {}
     files: dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-
-    def weight(path: str) -> tuple:
-        if not seconds:  # a fresh clone (CI): the slow tier's files first, then by the number of tests
-            return any(item.get_closest_marker("slow") for item in files[path]), len(files[path])
-        key = path[:-3] if path.endswith(".py") else path
-        return True, seconds.get(key.replace("/", "."), float("inf"))
-
-    items[:] = [item for path in sorted(files, key=weight, reverse=True) for item in files[path]]
+    items[:] = [item for path in sorted(files, key=lambda path: seconds.get(path, float("inf")), reverse=True)
+                for item in files[path]]
 
 
 def tier_of(report) -> str:
@@ -160,6 +161,10 @@ class TierTimes:
         tier = tier_of(report)
         _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
         _tier_tests.setdefault(tier, set()).add(report.nodeid)
+        log = os.environ.get("SCALEDL_TIMES_LOG")  # one line per phase as it ends: a run cut off keeps its times
+        if log and not self.worker:
+            with open(log, "a") as out:
+                out.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
 
     def pytest_terminal_summary(self, terminalreporter, config):
         """The tests' own time per tier (summed over workers when there are several); with
@@ -180,7 +185,9 @@ class TierTimes:
 
 
 def pytest_configure(config):
-    config.pluginmanager.register(TierTimes(), "scaledl-tier-times")
+    plugin = TierTimes()
+    plugin.worker = hasattr(config, "workerinput")  # a pytest-xdist worker's reports also reach the controller
+    config.pluginmanager.register(plugin, "scaledl-tier-times")
 
 
 @dataclass
@@ -278,3 +285,8 @@ def cluster_processes(slurm_conf: str) -> list[int]:
         except OSError:
             continue
     return [pid for pid in found if pid != os.getpid()]
+
+
+if __name__ == "__main__":  # after a whole `make test`: keep its times per file for a fresh clone's order
+    FILE_TIMES.write_text(json.dumps({path: round(value, 1) for path, value in sorted(file_seconds().items())},
+                                     indent=1) + "\n")

@@ -13,6 +13,10 @@ workers=${WORKERS:-2}
 times=$(mktemp) results=$(mktemp -d)
 trap 'rm -rf "$times" "$results"' EXIT
 export SCALEDL_TIER_TIMES=$times PATH="$PWD/.venv/bin:$PATH"
+# Each test's time as it ends (tests/conftest.py), kept even when a run is cut off (runs/ is not tracked);
+# a whole run's become runs/last-test/times.tsv, the order of the next run's files.
+mkdir -p runs/last-test && rm -f runs/last-test/running.tsv
+export SCALEDL_TIMES_LOG=$PWD/runs/last-test/running.tsv
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)  # the files in conftest.py's order: longest first
 [ "$workers" -gt 1 ] || parallel=()
 status=0
@@ -43,6 +47,7 @@ failed = counts["failures"] + counts["errors"]
 print(f"both phases: {counts['tests'] - failed - counts['skipped']} passed, {failed} failed, "
       f"{counts['skipped']} skipped")
 PY
-# Every test's own time, kept for the next look at what makes `make test` long (runs/ is not tracked).
-mkdir -p runs/last-test && cp "$results"/*.xml runs/last-test/ 2>/dev/null
+# Every test's own time, kept for the next look at what makes `make test` long and for the next run's order.
+cp "$results"/*.xml runs/last-test/ 2>/dev/null
+mv runs/last-test/running.tsv runs/last-test/times.tsv
 exit "$status"
