@@ -14,10 +14,16 @@
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
 # Submit from the directory that holds your runs:  qsub -A YOUR_PROJECT jobs/aurora/tensor_parallel.sh
-# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/aurora/tensor_parallel.sh
+# See each launch without running it (outside a job, from a file of host names, one per line):
+#   PBS_NODEFILE=hosts.txt SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/aurora/tensor_parallel.sh
 # `scaledl launch` builds the mpiexec command and exports aurora's recommended
 # communication variables unless you set them first; --dry-run prints both.
 set -eo pipefail
+if [ -z "${PBS_NODEFILE:-}" ]; then
+    echo "$0: PBS_NODEFILE is not set (not inside a job): submit it with qsub, or see its launch with" \
+        "PBS_NODEFILE=hosts.txt SCALEDL_LAUNCH_FLAGS=--dry-run bash $0 (hosts.txt: host names, one per line)" >&2
+    exit 2
+fi
 cd "${PBS_O_WORKDIR:-.}"
 
 # Aurora: the frameworks module has PyTorch for Intel GPUs (XPU), oneCCL and MPICH.

@@ -16,7 +16,8 @@
 # job script: change the template or the flags of `scaledl jobs`, not this file.
 #
 # Submit from the directory that holds your runs:  sbatch -A YOUR_PROJECT jobs/slurm/fsdp_tp.sh
-# See each launch without running it:  SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/slurm/fsdp_tp.sh
+# See each launch without running it:
+#   SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/slurm/fsdp_tp.sh
 # `scaledl launch` builds the srun command; --dry-run prints it (a Slurm cluster
 # has no communication presets here: export your site's NCCL variables in the set-up above).
 set -eo pipefail

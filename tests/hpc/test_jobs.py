@@ -153,6 +153,28 @@ def test_cpu_partition_script_launches_without_gpus_and_passes_run_flags(tmp_pat
     assert launch[-5:-4] == ["--resume"] and launch[-7:-5] == ["--out-dir", "runs/ddp/1nodes"]
 
 
+@pytest.mark.parametrize("script", [name for name in ALL_SCRIPTS if not name.startswith("slurm/")])
+def test_a_pbs_script_outside_a_job_is_one_line_that_says_how_to_see_its_launch(script, tmp_path):
+    # On a login node, before any module loads: no $PBS_NODEFILE, no hosts to launch on.
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SCALEDL_LAUNCH_FLAGS": "--dry-run"}
+    result = subprocess.run(["bash", str(ROOT / "jobs" / script)], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "PBS_NODEFILE=hosts.txt SCALEDL_LAUNCH_FLAGS=--dry-run bash" in result.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.slow
+def test_the_dry_run_the_pbs_scripts_name_shows_their_launch(tmp_path):
+    # The line each PBS script's header gives, as a learner types it on a login node.
+    script = (ROOT / "jobs" / "polaris" / "ddp.sh").read_text()
+    line = next(line for line in script.splitlines() if "SCALEDL_LAUNCH_FLAGS=--dry-run" in line).lstrip("# ")
+    assert line == "PBS_NODEFILE=hosts.txt SCALEDL_LAUNCH_FLAGS=--dry-run bash jobs/polaris/ddp.sh"
+    (tmp_path / "hosts.txt").write_text("x3005c0s1b0n0\nx3005c0s2b0n0\n")
+    [launch] = run_script(ROOT / "jobs" / "polaris" / "ddp.sh", {"PBS_NODEFILE": "hosts.txt"}, tmp_path)
+    assert launch[0] == "mpiexec" and option(launch, "-n") == "8" and option(launch, "--hostfile") == "hosts.txt"
+
+
 def test_horovod_rungs_on_aurora_say_where_horovod_is(tmp_path):
     # Aurora: TensorFlow's Horovod lives in the tensorflow module with a venv of its own; no Horovod for
     # PyTorch at all.  Outside a job (no module command) each script stops with one line, status 2.

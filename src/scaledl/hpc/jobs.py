@@ -277,6 +277,16 @@ def jobs_for(system: str, ranks_per_node: int, max_nodes: int | None = None) -> 
     return jobs
 
 
+# A PBS script run outside a job (bash jobs/polaris/ddp.sh on a login node) has no $PBS_NODEFILE: one line
+# that says what to do, exit 2, before any module is loaded.
+PBS_OUTSIDE_JOB = """if [ -z "${PBS_NODEFILE:-}" ]; then
+    echo "$0: PBS_NODEFILE is not set (not inside a job): submit it with qsub, or see its launch with" \\
+        "PBS_NODEFILE=hosts.txt SCALEDL_LAUNCH_FLAGS=--dry-run bash $0 (hosts.txt: host names, one per line)" >&2
+    exit 2
+fi
+"""
+
+
 def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4,
            slurm_partition: str | None = None) -> str:
     check_project(project)
@@ -293,6 +303,10 @@ def render(job: Job, project: str = "YOUR_PROJECT", slurm_gpus_per_node: int = 4
         "workdir": "${PBS_O_WORKDIR:-.}" if pbs else "${SLURM_SUBMIT_DIR:-.}",
         "setup": RUNG_SETUP.get((job.system, job.name), SETUP[job.system]),
         "count_nodes": '$(sort -u "$PBS_NODEFILE" | wc -l)' if pbs else "${SLURM_JOB_NUM_NODES:-1}",
+        # Outside a job PBS names no nodes: a dry run on a login node reads them from a file of host names.
+        "dry_run_where": " (outside a job, from a file of host names, one per line)" if pbs else "",
+        "dry_run_env": "PBS_NODEFILE=hosts.txt " if pbs else "",
+        "outside_job": PBS_OUTSIDE_JOB if pbs else "",
         "ppn": str(job.ppn),
         "node_counts": SWEEP_NODE_COUNTS if job.sweep else RUNG_NODE_COUNTS,
         "target": shlex.join(job.target),
