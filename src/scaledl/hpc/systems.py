@@ -81,7 +81,8 @@ POLARIS_COMM_ENV = (
            f"{USERFAULTFD} instead of intercepting the allocator's calls ({FI_MR_DOCS})", POLARIS_NCCL_DOCS),
     Preset("FI_CXI_DEFAULT_CQ_SIZE", "131072",
            f"a completion queue large enough that many operations in flight do not overrun it (the CXI provider's "
-           f"default was 1024 up to libfabric 2.1, 131072 from 2.2) ({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
+           f"default, CXIP_CQ_DEF_SZ in libfabric's prov/cxi/include/cxip.h, was 1024 up to 2.1, 131072 from 2.2) "
+           f"({FI_CXI_DOCS})", POLARIS_NCCL_DOCS),
 )
 
 
