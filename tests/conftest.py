@@ -116,10 +116,11 @@ LAST_TIMES = ROOT / "runs" / "last-test" / "times.tsv"
 FILE_TIMES = Path(__file__).resolve().parent / "file_seconds.json"
 
 
-def file_seconds(path: Path = LAST_TIMES) -> dict[str, float]:
-    """Seconds per test file (a notebook counts as one), summed over its tests' setup, call and teardown."""
+def file_seconds(path: Path | None = None) -> dict[str, float]:
+    """Seconds per test file (a notebook counts as one), summed over its tests' setup, call and teardown;
+    from the last run's log unless `path` names another."""
     seconds: dict[str, float] = {}
-    for line in path.read_text().splitlines():
+    for line in (path or LAST_TIMES).read_text().splitlines():
         duration, _, _, nodeid = line.split("\t", 3)
         key = nodeid.split("::", 1)[0]
         seconds[key] = seconds.get(key, 0.0) + float(duration)
