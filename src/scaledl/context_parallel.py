@@ -119,7 +119,7 @@ def _ring_panel(ax, world_size: int, causal: bool, order: str) -> None:
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     colors = {"full": "#4C72B0AA", "half": "#4C72B055", "diagonal": "#DD8452AA", "skipped": "#DDDDDD"}
-    labels = {"full": "all keys", "half": "half the keys", "diagonal": "diagonal", "skipped": "skipped"}
+    labels = {"full": "all keys", "half": "half the work", "diagonal": "diagonal", "skipped": "skipped"}
     for step, row in enumerate(ring_schedule(world_size, causal, order)):
         for rank, (source, use) in enumerate(row):
             y = world_size - 1 - rank
