@@ -157,6 +157,9 @@ class TierTimes:
     """Registered as a plugin (pytest_configure), not as conftest hooks: a conftest's hooks see only the
     tests below its folder, and the lessons' notebooks are outside tests/."""
 
+    def __init__(self, worker: bool):
+        self.worker = worker  # a pytest-xdist worker: its reports also reach the controller, which logs them
+
     def pytest_runtest_logreport(self, report):
         """Setup, call and teardown all count: a shared fixture's start is paid by its tier's first test."""
         tier = tier_of(report)
@@ -186,9 +189,7 @@ class TierTimes:
 
 
 def pytest_configure(config):
-    plugin = TierTimes()
-    plugin.worker = hasattr(config, "workerinput")  # a pytest-xdist worker's reports also reach the controller
-    config.pluginmanager.register(plugin, "scaledl-tier-times")
+    config.pluginmanager.register(TierTimes(worker=hasattr(config, "workerinput")), "scaledl-tier-times")
 
 
 @dataclass
