@@ -1,7 +1,9 @@
 """The live checks of lessons 3-6, 8 and 11-14 FAIL on the wrong answers learners write, run for real: each
 case takes the solution notebook, puts one realistic mistake in place of the solution line,
 runs it on live ranks cell by cell until a check prints the verdict it expects (or up to the last check),
-and reads the verdict."""
+and reads the verdict.  A lesson's cases share one kernel and one start of its engines."""
+import copy
+
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -92,33 +94,49 @@ def verdicts(cells) -> list[str]:
     return [line for text in texts for line in text.splitlines() if line.startswith(("PASS: ", "FAIL: "))]
 
 
+LESSONS = sorted({stem for stem, *_ in CASES.values()})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES)
-def test_a_realistic_mistake_fails_its_live_check(case, monkeypatch):
-    stem, right, wrong, expected = CASES[case]
+@pytest.mark.parametrize("stem", LESSONS)
+def test_realistic_mistakes_fail_their_live_checks(stem, monkeypatch):
+    """One kernel and one set of engines per lesson: its cells up to the engines' start run once, then each
+    case runs the cells after it, from there to the check that speaks to its mistake (every name the
+    check reads is made again, so no case sees another's state; only the engines and their process
+    group carry over, as a learner who reruns a section keeps them)."""
     for name, value in launchers.local_env(2).items():
         monkeypatch.setenv(name, value)
     path = ROOT / "solutions" / f"{stem}.ipynb"
     notebook = nbformat.read(path, as_version=4)
-    changed = [cell for cell in notebook.cells if right in cell.source]
-    assert len(changed) == 1, (case, "the solution line moved: update the case")
-    changed[0].source = changed[0].source.replace(right, wrong)
-    last = max(i for i, cell in enumerate(notebook.cells) if CHECK_TAG in cell.metadata.get("tags", []))
-    stops = [cell for cell in notebook.cells[last + 1:] if "stop_cluster_sync" in cell.source]
+    cells = list(notebook.cells)  # the solution's cells: execute_cell puts the cell it ran into notebook.cells
+    last = max(i for i, cell in enumerate(cells) if CHECK_TAG in cell.metadata.get("tags", []))
+    started = [i for i, cell in enumerate(cells) if cell.cell_type == "code" and "engines.start(" in cell.source]
+    first = started[0] + 1 if started else 0  # the first cell each case runs again
+    stops = [cell for cell in cells[last + 1:] if "stop_cluster_sync" in cell.source]
     client = NotebookClient(notebook, timeout=300, allow_errors=True, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
-    ran = []
-    # Cell by cell, and no further than the check that speaks to the mistake: the cells after it cannot
-    # change its verdict, and a lesson's later measurements would only add minutes.
+    wrong_verdicts = {}
     with client.setup_kernel():
-        for index, cell in enumerate(notebook.cells[:last + 1]):
-            client.execute_cell(cell, index)
-            ran.append(cell)
-            if any(expected in text for text in verdicts([cell])):
-                break
+        for index in range(first):
+            client.execute_cell(cells[index], index)
+        for case, (_, right, wrong, expected) in CASES.items():
+            if CASES[case][0] != stem:
+                continue
+            copies = copy.deepcopy(cells[:last + 1])
+            changed = [i for i, cell in enumerate(copies) if right in cell.source]
+            assert len(changed) == 1 and changed[0] >= first, (case, "the solution line moved: update the case")
+            copies[changed[0]].source = copies[changed[0]].source.replace(right, wrong)
+            ran = []
+            # Cell by cell, and no further than the check that speaks to the mistake: the cells after it cannot
+            # change its verdict, and a lesson's later measurements would only add minutes.
+            for index in range(first, last + 1):
+                client.execute_cell(copies[index], index)
+                ran.append(copies[index])
+                if any(expected in text for text in verdicts([copies[index]])):
+                    break
+            found = [text for text in verdicts(ran) if expected in text]
+            if not found or not all(text.startswith("FAIL: ") for text in found):
+                wrong_verdicts[case] = verdicts(ran)
         for cell in stops:  # the engines end with the notebook, as its last cell ends them
-            client.execute_cell(cell, notebook.cells.index(cell))
-    found = [text for text in verdicts(ran) if expected in text]
-    assert found, (case, verdicts(ran))
-    if expected != "PASS: ":
-        assert all(text.startswith("FAIL: ") for text in found), found
+            client.execute_cell(cell, cells.index(cell))
+    assert not wrong_verdicts, wrong_verdicts
