@@ -8,6 +8,8 @@ lands 1.4e-5 from the reference here); the control test shows that a rung which 
 average (each rank training on its own half) would be 100 times further off.
 """
 import glob
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +25,13 @@ def train(launcher, rung, out_dir, batch_size, *options, nproc=2):
     command = launchers.for_launcher(launcher, nproc, f"scaledl.ladder.{rung}",
                                      ["--out-dir", str(out_dir), "--batch-size", str(batch_size), *STEPS, *options])
     # One thread per rank everywhere: the same summation order in every process's kernels.
-    run(command, timeout=600, nproc=nproc, env={"OMP_NUM_THREADS": "1"})
+    output = run(command, timeout=600, nproc=nproc, env={"OMP_NUM_THREADS": "1"}).stdout
+    # Every run ends as a learner's does: the main rank's summary line, and the data-parallel ranks' parameters
+    # checked equal (test_ladder.py leans on these runs for the rungs it does not train to 95% again).
+    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    assert f"summary rung={rung} world_size={nproc}" in output and summary["world_size"] == nproc
+    if nproc > 1 and rung != "pipeline":  # a pipeline's stages hold different layers
+        assert summary["params_in_sync"] is True
     return out_dir
 
 
@@ -106,7 +114,10 @@ def test_pipeline_equals_one_process_with_the_same_batch(tmp_path, torch_referen
     # Model parallelism splits the model, not the batch: 2 stages with batch 128 and 4
     # micro batches must compute what one process does with batch 128.
     train("torchrun", "pipeline", tmp_path, 128, "--microbatches", "4")
-    assert_same(torch_reference, torch.load(tmp_path / "model.pt", weights_only=True))
+    whole = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert_same(torch_reference, whole)
+    stage_bytes = json.loads((tmp_path / "summary.json").read_text())["stage_param_bytes"]
+    assert 0 < stage_bytes < sum(t.numel() * t.element_size() for t in whole.values())  # rank 0 holds its stage only
 
 
 # The language model, small: 4 steps of 64 sequences of 32 bytes.

@@ -43,14 +43,15 @@ def run_with_fault(command, fault: str | None, step: int, limit_s: float) -> tup
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rung", list(LAUNCH))
-def test_a_killed_rank_ends_the_job_within_the_timeout_ten_times_running(tmp_path, rung):
+def test_a_killed_rank_ends_the_job_within_the_timeout_four_times_running(tmp_path, rung):
     # Start-up (imports, rendezvous) takes a few seconds before the fault; the job must then
-    # end well within the collective timeout, every time.
-    for attempt in range(10):
-        result, elapsed = run_with_fault(LAUNCH[rung]([*ARGS, "--out-dir", str(tmp_path / str(attempt))]),
-                                         "kill", step=3, limit_s=60)
+    # end well within the collective timeout, every time: four runs, rank 1 killed in its forward at steps 2 to 5
+    # (the survivor then waits in that step's gradient all-reduce), so that an end that hangs now and then shows.
+    for step in (2, 3, 4, 5):
+        result, elapsed = run_with_fault(LAUNCH[rung]([*ARGS, "--out-dir", str(tmp_path / str(step))]),
+                                         "kill", step=step, limit_s=60)
         assert result.returncode != 0, result.stdout[-2000:]
-        assert elapsed < 30 + TIMEOUT_S, f"attempt {attempt}: {elapsed:.0f} s"
+        assert elapsed < 30 + TIMEOUT_S, f"killed at step {step}: {elapsed:.0f} s"
         assert "summary rung=" not in result.stdout
 
 
