@@ -119,8 +119,8 @@ def test_realistic_mistakes_fail_their_live_checks(stem, monkeypatch):
     with client.setup_kernel():
         for index in range(first):
             client.execute_cell(cells[index], index)
-        for case, (_, right, wrong, expected) in CASES.items():
-            if CASES[case][0] != stem:
+        for case, (lesson, right, wrong, expected) in CASES.items():
+            if lesson != stem:
                 continue
             copies = copy.deepcopy(cells[:last + 1])
             changed = [i for i, cell in enumerate(copies) if right in cell.source]
