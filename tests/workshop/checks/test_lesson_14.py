@@ -82,19 +82,21 @@ def test_layout(capsys):
     line = fails(capsys, check(layout(), learner(dp=1.1)), "the part \"dp\"", "5. dp's communication",
                  "the worked example")
     assert "0.2" not in line and "0.3" not in line, line
-    # Right on the worked example, wrong on the second layout, whose parts the lesson does not print: ZeRO-0's
-    # rule (no overlap in a pipeline), or pp's sends kept on NVLink when tp x pp spans two nodes.
+    # Right on the worked example, wrong on the second layout, whose parts the lesson does not print: rule 5's
+    # ZeRO-0 case with a pipeline (nothing hidden), or rule 4's sends kept on NVLink when tp x pp spans two nodes.
     only_zero0 = lambda **lay: parts_of(lay, dp=1.5 if lay["zero"] == 0 else 1.0)  # noqa: E731
     line = fails(capsys, check(layout(dp=8, pp=2, zero=0), only_zero0), "the second layout", "5. dp's communication")
     assert "worked example" not in line, line
     nvlink_only = lambda **lay: parts_of(lay, pp=0.5 if lay["tp"] * lay["pp"] > 4 else 1.0)  # noqa: E731
     fails(capsys, check(layout(), nvlink_only), "the second layout (dp 2, tp 4, pp 2, ZeRO-0", "4. pp's sends")
-    # Right on both graded layouts, wrong only on the learner's own (ZeRO-1 on a layout without a pipeline).
+    # Right on both graded layouts, wrong only on the learner's own (rule 5's ZeRO-1 case without a pipeline).
     only_mine = lambda **lay: parts_of(lay, dp=1.5 if lay["pp"] == 1 else 1.0)  # noqa: E731
     fails(capsys, check(layout(), only_mine), "your layout fits", "5. dp's communication")
-    # The dp ring's 50 GB/s not shared by min(tp x pp, 4) rings: 2 rings for the worked example.
+    # Rule 5's B: the node's 50 GB/s shared by min(tp x pp, 4) rings, 4 for the worked example. A dp part off by
+    # such a factor is named.
     fails(capsys, check(layout(), learner(dp=0.5)), "the part \"dp\"")
-    # The bubble forgotten, tp's all-reduces at 6 a block, pp's sends on Slingshot.
+    # Rule 2's bubble forgotten, rule 3's all-reduces at 6 a block, rule 4's sends on Slingshot, rule 1's compute
+    # stretched by 8/6 without recomputation.
     fails(capsys, check(layout(), learner(bubble=0.0)), "2. the bubble")
     fails(capsys, check(layout(), learner(tp=1.5)), "3. tp's all-reduces")
     fails(capsys, check(layout(), learner(pp=1.5)), "4. pp's sends")
@@ -121,7 +123,8 @@ def test_layout(capsys):
 def test_step_parts(capsys):
     from scaledl.workshop.checks.lesson_14 import check_step_parts
 
-    # Part 1 alone: the worked example and the second layout, each part within 2%; a FAIL names the part only.
+    # Part 1 alone: the worked example and the second layout, each part within 2%; a FAIL names the part only, by
+    # its rule's number in Step 3.
     assert check_step_parts(learner())
     assert "a step of 9.3 s)" in verdict(capsys)  # two significant figures: nominal inputs
     line = fails(capsys, check_step_parts(learner(tp=1.5)), "the worked example", "3. tp's all-reduces")

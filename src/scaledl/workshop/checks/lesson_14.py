@@ -59,17 +59,19 @@ PARTS = {"compute": "1. compute", "bubble": "2. the bubble", "tp": "3. tp's all-
 
 
 def step_parts_of(row: dict) -> dict:
-    """A row of scaledl.perf.choose.evaluate as its five parts, in seconds: the compute at the MFU, what the bubble
-    stretches it by, tp's all-reduces, pp's sends and dp's exposed communication (they add up to row["step_s"])."""
+    """A row of scaledl.perf.choose.evaluate as its five parts, in seconds, one for each of Step 3's five rules: 1
+    the compute at the MFU, 2 what the bubble stretches it by, 3 tp's all-reduces, 4 pp's sends and 5 dp's exposed
+    communication (they add up to row["step_s"])."""
     stretched = row["step_s"] - row["tp_s"] - row["pp_s"] - row["dp_s"]  # compute / (1 - bubble)
     return {"compute": stretched * (1 - row["bubble"]), "bubble": stretched * row["bubble"], "tp": row["tp_s"],
             "pp": row["pp_s"], "dp": row["dp_s"]}
 
 
-EXAMPLE = {"dp": 4, "tp": 2, "pp": 2, "zero": 1, "recompute": "none", "micro_batch_size": 1}  # the table's example
-# A second layout whose parts the lesson never prints, so that part 1 cannot be copied from the worked example: pp's
-# sends on Slingshot (tp x pp = 8 spans two nodes), dp's ring sharing the node's link 4 ways, and ZeRO-0's
-# all-reduce after the pipeline's last backward, none of it hidden.
+# The worked example: the lesson takes it through Step 3's five rules just before Exercise 2.
+EXAMPLE = {"dp": 4, "tp": 2, "pp": 2, "zero": 1, "recompute": "none", "micro_batch_size": 1}
+# A second layout whose parts the lesson never prints, so that part 1 cannot be copied from the worked example:
+# rule 4's sends on Slingshot (tp x pp = 8 spans two nodes), and rule 5's ring sharing the node's link 4 ways in
+# its ZeRO-0 case with a pipeline: the all-reduces after the last backward, none of them hidden.
 SECOND = {"dp": 2, "tp": 4, "pp": 2, "zero": 0, "recompute": "none", "micro_batch_size": 1}
 
 
@@ -123,7 +125,8 @@ def check_step_parts(step_parts, preset: str = "gpt3-2.7b", system: str = "polar
     """Exercise 2, part 1 alone: `step_parts(dp, tp, pp, zero, recompute, micro_batch_size)` must match the
     chooser part by part (each within `part_within`, or a millisecond where it is zero) on the worked example
     (EXAMPLE) and on SECOND, whose parts the lesson does not print.  A FAIL names the layout and the part, never
-    its value; the PASS gives the worked example's step, whose parts the lesson prints after this check."""
+    its value; the PASS gives the worked example's step, which the lesson works out rule by rule before Exercise 2
+    and whose parts it prints again after this check."""
     chooser, wrong = _parts_graded(step_parts, preset, system, nodes, global_batch_size, part_within)
     if wrong is not None:
         return wrong
@@ -175,7 +178,7 @@ def check_layout(layout, step_parts, preset: str = "gpt3-2.7b", system: str = "p
                  global_batch_size: int = 512, within: float = 0.005, part_within: float = 0.02) -> bool:
     """The capstone: `step_parts(dp, tp, pp, zero, recompute, micro_batch_size)`, the learner's predicted step of a
     layout as a dict of PARTS' keys in seconds, must match the chooser's part by part (each within `part_within`,
-    or a millisecond where it is zero) on the table's worked example (EXAMPLE), on SECOND (whose parts the
+    or a millisecond where it is zero) on the worked example (EXAMPLE), on SECOND (whose parts the
     lesson does not print) and on `layout`.  `layout`, a dict
     of LAYOUT_KEYS for the language model at `preset`'s size on `nodes` of `system` at `global_batch_size`
     sequences a step, must be one the machine and DeepSpeed allow, fit in a device (scaledl.perf.choose's memory
