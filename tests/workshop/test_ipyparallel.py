@@ -54,3 +54,36 @@ def test_a_start_that_times_out_says_so_in_one_line_and_leaves_nothing_running()
     while ipyparallel_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ipyparallel_processes() - before
+
+
+@pytest.mark.slow
+def test_a_stop_whose_engine_cannot_answer_still_ends_and_leaves_nothing_running():
+    """`cluster.stop_cluster_sync()` asks the engines to exit before it signals them; an engine that
+    never answers (here stopped with SIGSTOP, as one whose reply is lost) must not hang the cell:
+    the wait is bounded, then the signal ends the ranks, the frozen one too."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    cluster, view = engines.start(2)
+    mine = psutil.Process().children(recursive=True)  # the controller, mpiexec and the engines
+    ranks = [p for p in mine if "ipyparallel.engine" in p.cmdline() and "mpiexec" not in p.cmdline()[0]
+             and "ipyparallel.engine.nanny" not in p.cmdline()]
+    assert len(ranks) == 2, [p.cmdline() for p in mine]
+    ranks[0].send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    stopper = threading.Thread(target=cluster.stop_cluster_sync, daemon=True)
+    stopper.start()
+    stopper.join(timeout=60)
+    took = time.monotonic() - started
+    if stopper.is_alive():  # the hang this test guards against: free the machine before failing
+        for process in mine:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+    assert not stopper.is_alive() and took < 30, f"stop_cluster_sync still waiting after {took:.0f} s"
+    gone, alive = psutil.wait_procs(mine, timeout=20)
+    assert not alive, [p.cmdline() for p in alive]

@@ -175,21 +175,49 @@ def _no_progress_bar() -> None:
         magics.progress_after_seconds = 10**6
 
 
-def _stop_gently(cluster, client) -> None:
+def _stop_gently(cluster, client, gentle_s: float = 10) -> None:
     """Make `cluster.stop_cluster_sync()` ask the engines to exit before it signals them.
 
     ipyparallel stops MPI engines with SIGTERM to mpiexec, and an engine that gets it while its
     event loop is busy dies with a traceback ("Event loop stopped before Future completed") that
     lands in the learner's notebook, about one stop in four.  Engines asked to shut down exit on
     their own; the signal then finds nothing left.  The lessons keep calling the method they know.
+    The wait for them is bounded: `client.shutdown(block=True)` waits for every engine's reply with
+    no time limit (ipyparallel 9.2, client/client.py: `f.wait()`), so one engine that cannot answer
+    (stopped, or its reply lost) would hang the cell for good.  After `gentle_s` the signal ends
+    whatever is left, as it would without this.
+
+    Each engine starts a "nanny" (ipyparallel/engine/nanny.py) in a session of its own, which no
+    signal to mpiexec reaches; it exits after its engine, but can hang for good in zmq's
+    `Context.term()` once the controller has gone.  The ones this machine started are ended after
+    the stop: their engines and controller are gone by then.
     """
+    import time
+
+    import psutil
+
+    try:
+        nannies = [p for p in psutil.Process().children(recursive=True) if "ipyparallel.engine.nanny" in p.cmdline()]
+    except psutil.Error:  # a rank that exited while it was listed
+        nannies = []
     stop = cluster.stop_cluster_sync
 
     def stop_cluster_sync(*args, **kwargs):
         try:
-            client.shutdown(targets="all", hub=False, block=True)
+            client.shutdown(targets="all", hub=False, block=False)
         except Exception:  # engines already gone: the signal below ends what is left
             pass
-        return stop(*args, **kwargs)
+        deadline = time.monotonic() + gentle_s
+        # The hub tells the client each engine that leaves; `client.ids` is those still registered.
+        while client.ids and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            return stop(*args, **kwargs)
+        finally:
+            for nanny in nannies:
+                try:
+                    nanny.terminate()
+                except psutil.NoSuchProcess:
+                    pass
 
     cluster.stop_cluster_sync = stop_cluster_sync
