@@ -108,10 +108,15 @@ def test_the_short_form_is_the_full_recipes_job_launch_and_nodes(system, rung):
     assert dry_run(int(launch[launch.index("-n") + 1]), int(launch[launch.index("--ppn") + 1]),
                    *launch[launch.index("--") + 1:], system=system)[-1] == full[-1]
     assert "CUDA_VISIBLE_DEVICES" not in "\n".join(short)  # the GPU wrapper: lesson 0's pages only
-    assert short[1] == full[1] and short[1].startswith("qsub -I ")  # the same interactive job
-    assert [line for line in short if line.startswith("#PBS -l select=")] == \
-        [line for line in full if line.startswith("#PBS -l select=")]
-    assert not [line for line in short if line.startswith("export ")] and len(short) <= 10
+    # The live ranks named in one comment (lesson 0 gives their interactive job); then the script to submit, with
+    # the full recipe's node request.
+    assert short[0] == "# this notebook's 4 live ranks: engines.start(4) in lesson 0's interactive job on one node"
+    assert full[1].startswith("qsub -I ") and not [line for line in short if "qsub -I" in line]
+    select = [line for line in full if line.startswith("#PBS -l select=")]
+    assert len(select) == 1 and short[1].startswith(f"qsub -A YOUR_PROJECT jobs/{system}/{rung}.sh  # ") \
+        and f"({select[0]})" in short[1]
+    assert not [line for line in short if line.startswith("export ")] and len(short) <= (6 if "module load" in
+                                                                                      "\n".join(short) else 3)
     # A rung with modules of its own (Aurora's TensorFlow) says so; the others leave lesson 0's out.
     assert any("module load" in line for line in short) == ((system, rung) == ("aurora", "horovod_tf"))
 

@@ -65,24 +65,26 @@ def launch_lines(nranks: int, ppn: int, target: list[str], system: str = SYSTEM)
 
 
 def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> str:
-    """What a lesson after lesson 0 prints: the interactive job for its live ranks, the job script
-    to submit, its node request, its modules where they are not lesson 0's, and its `scaledl launch` line.
-    Lesson 0 reads a whole script line by line (`full=True`)."""
+    """What a lesson after lesson 0 prints, two lines where it can: the job script to submit with its
+    nodes, then its `scaledl launch` line; its modules between them where they are not lesson 0's;
+    with `live_ranks`, a comment first that names the notebook's own ranks.  Lesson 0 reads a whole
+    script line by line (`full=True`), and its interactive job (`qsub -I`)."""
+    the_job = job(rung, system)
     lines = []
     if live_ranks:
-        lines += [f"# This notebook's live ranks: an interactive job on one node; in it, engines.start(WORLD_SIZE) "
-                  f"starts {live_ranks} (lesson 0)", _interactive(rung, system)]
+        lines += [f"# this notebook's {live_ranks} live ranks: engines.start({live_ranks}) in lesson 0's interactive "
+                  "job on one node"]
     select = next(line for line in header(rung, system) if line.startswith("#PBS -l select="))
-    # Lesson 0 reads a Polaris script once; here only what differs from it is named.
-    walk = "" if system == "polaris" else " (as lesson 0's Polaris script, with other modules and launch)"
-    lines += [f"# The rung's job: {_submit(rung, system)}{walk}. It asks for", select]
-    if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
-        lines += ["# and loads", module_lines(rung, system)[-1], venv_line(rung, system)]
+    nodes = (f"{the_job.nodes} node{'s' if the_job.nodes > 1 else ''} x "
+             f"{the_job.ppn} rank{'s' if the_job.ppn > 1 else ''}")
     # The script's own launch line, not the mpiexec line it becomes: lesson 0's batch-jobs page reads that
     # one once (its GPU wrapper is the answer to an exercise of lesson 0's appendix).
-    lines += [f"# and runs (`--dry-run` prints the mpiexec line and {'ALCF' if system != 'slurm' else 'the site'}'s "
-              "communication variables; lesson 0's batch-jobs page reads them):",
-              launch_command(rung, *flags, system=system)]
+    if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
+        lines += [f"{_submit(rung, system)}  # {nodes} ({select}); it loads", module_lines(rung, system)[-1],
+                  venv_line(rung, system), "# and runs"]
+    else:
+        lines += [f"{_submit(rung, system)}  # {nodes} ({select}); it runs"]
+    lines += [launch_command(rung, *flags, system=system)]
     return "\n".join(lines)
 
 
