@@ -11,9 +11,15 @@ def test_each_mode_times_a_positive_step(recompute):
 
 
 def test_the_selective_reruns_take_less_than_a_step():
-    (step,) = step_seconds(64, 2, 4, 32, 4, steps=3, warmup=1, rounds=1, modes=("none",))["none"]
-    reruns = reruns_seconds(64, 2, 4, 32, 4, steps=3, warmup=1)
-    assert 0 < reruns < step
+    """The reruns are a few cheap operations of the step, so timed undisturbed they take less than the whole step.
+    On a shared machine one try can be disturbed (a 42 ms try of the reruns against a 16 ms step was seen): each
+    side's fastest of 5 interleaved tries is compared, as a benchmark reads the least disturbed run."""
+    steps, reruns = [], []
+    for _ in range(5):
+        (step,) = step_seconds(64, 2, 4, 32, 4, steps=3, warmup=1, rounds=1, modes=("none",))["none"]
+        steps.append(step)
+        reruns.append(reruns_seconds(64, 2, 4, 32, 4, steps=3, warmup=1))
+    assert 0 < min(reruns) < min(steps), (reruns, steps)
 
 
 def test_step_seconds_times_every_mode_in_each_round():
