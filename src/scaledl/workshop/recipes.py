@@ -79,11 +79,10 @@ def brief(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM) -> 
              f"{the_job.ppn} rank{'s' if the_job.ppn > 1 else ''}")
     # The script's own launch line, not the mpiexec line it becomes: lesson 0's batch-jobs page reads that
     # one once (its GPU wrapper is the answer to an exercise of lesson 0's appendix).
-    if _own_modules(rung, system):  # modules of its own, not the ones lesson 0 loads
-        lines += [f"{_submit(rung, system)}  # {nodes} ({select}); it loads", module_lines(rung, system)[-1],
-                  venv_line(rung, system), "# and runs"]
-    else:
-        lines += [f"{_submit(rung, system)}  # {nodes} ({select}); it runs"]
+    own_modules = _own_modules(rung, system)  # modules of its own, not the ones lesson 0 loads
+    lines += [f"{_submit(rung, system)}  # {nodes} ({select}); it {'loads' if own_modules else 'runs'}"]
+    if own_modules:
+        lines += [module_lines(rung, system)[-1], venv_line(rung, system), "# and runs"]
     lines += [launch_command(rung, *flags, system=system)]
     return "\n".join(lines)
 
