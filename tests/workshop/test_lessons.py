@@ -13,6 +13,8 @@ from scaledl.workshop.exercises import BEGIN, END
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb")) + SOLUTIONS
+# Each lesson's companion: its library internals, the same steps without scaledl, side analyses (markdown only).
+DEEPER = sorted((ROOT / "notebooks" / "deeper").glob("*.ipynb"))
 
 
 def cells(path, kind="code"):
@@ -180,25 +182,35 @@ def test_figures_are_drawn_by_code_and_stored(stem, count):
         assert "![" not in cell.source and not cell.get("attachments"), "no pasted images"
 
 
+def lesson_and_deeper(stem: str) -> list:
+    """A lesson's notebook and, where it has one, its deeper companion: a claim moved there is still read."""
+    found = [ROOT / "solutions" / f"{stem}.ipynb", ROOT / "notebooks" / "deeper" / f"{stem}.ipynb"]
+    return [path for path in found if path.exists()]
+
+
+def raw(stem: str) -> str:
+    return "\n".join(path.read_text() for path in lesson_and_deeper(stem))
+
+
 def prose(stem: str) -> str:
-    """A lesson's markdown and code, its line breaks and runs of spaces as single spaces."""
-    path = ROOT / "solutions" / f"{stem}.ipynb"
-    return " ".join(" ".join(cell.source for cell in nbformat.read(path, as_version=4).cells).split())
+    """A lesson's markdown and code (and its deeper companion's), line breaks and runs of spaces as single spaces."""
+    return " ".join(" ".join(cell.source for path in lesson_and_deeper(stem)
+                             for cell in nbformat.read(path, as_version=4).cells).split())
 
 
 def test_wrong_claims_stay_corrected():
-    horovod = (ROOT / "solutions" / "04_horovod_tf.ipynb").read_text()
+    horovod = raw("04_horovod_tf")
     assert "by name" in horovod and "different orders" in horovod
     # lesson 3's rule: the all-reduce fit keeps to the sizes it predicts, and claims no rate for the bytes
     assert "fitted = timed_B <= 2**20" in horovod and "then the bytes at" not in horovod
-    zero = (ROOT / "solutions" / "09_zero_fsdp.ipynb").read_text()
+    zero = raw("09_zero_fsdp")
     assert "largest layer gathered in fp32" not in zero and "4 bytes per parameter of the largest layer" in zero
     assert "stage 1 saves nothing here" not in zero
-    profile = (ROOT / "solutions" / "02_single_device.ipynb").read_text()
+    profile = raw("02_single_device")
     assert "especially backward" not in profile and "self time by kind" in profile  # computed from the run
-    collectives = (ROOT / "solutions" / "03_collectives.ipynb").read_text()
+    collectives = raw("03_collectives")
     assert "never see half of it" not in collectives and "every sample twice per epoch" in collectives
-    adasum = (ROOT / "solutions" / "05_horovod_torch.ipynb").read_text()
+    adasum = raw("05_horovod_torch")
     assert "without scaling `lr`" not in adasum and "hvd.local_size()" in adasum
     deepspeed = prose("08_deepspeed")
     # Stage 3 reduce-scatters (stage3.py __avg_scatter_grads); only stage 2 goes through average_tensor.
@@ -296,7 +308,7 @@ def test_rung_and_px_are_defined_in_markdown_before_their_first_use(path):
         assert defined and defined[0] <= uses[0], f"{path.name}: define {term} where it is first used (cell {uses[0]})"
 
 
-@pytest.mark.parametrize("path", LESSONS + EXERCISES, ids=lambda path: f"{path.parent.name}/{path.stem}")
+@pytest.mark.parametrize("path", LESSONS + EXERCISES + DEEPER, ids=lambda path: f"{path.parent.name}/{path.stem}")
 def test_every_notebook_is_valid_with_an_id_on_every_cell(path):
     # nbformat 4.5 gives each cell an id (JupyterLab keeps a learner's place by it); a cell added without one
     # is a warning now and a hard error in later nbformat versions.
@@ -311,17 +323,26 @@ def test_every_notebook_is_valid_with_an_id_on_every_cell(path):
 def headings(path) -> list[str]:
     """A notebook's or a markdown file's headings, without their #s."""
     texts = ([cell.source for cell in cells(path, "markdown")] if path.suffix == ".ipynb" else [path.read_text()])
-    return [line.lstrip("#").strip() for text in texts for line in text.splitlines() if re.match(r"#{1,6} ", line)]
+    found = []
+    for text in texts:
+        fenced = False  # a comment in a fenced code block is not a heading
+        for line in text.splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif not fenced and re.match(r"#{1,6} ", line):
+                found.append(line.lstrip("#").strip())
+    return found
 
 
 def test_every_link_to_a_section_finds_its_heading():
     """A link to `lesson.ipynb#Heading-text` (JupyterLab's anchors: the heading, its spaces as dashes) or to
     `README.md#heading-text` (GitHub's: lower case, punctuation dropped) lands on a heading that is there."""
     broken = []
-    for path in LESSONS + [ROOT / "README.md", ROOT / "notebooks" / "GLOSSARY.md"]:
+    for path in LESSONS + DEEPER + [ROOT / "README.md", ROOT / "notebooks" / "GLOSSARY.md"]:
         text = "\n".join(cell.source for cell in cells(path, "markdown")) if path.suffix == ".ipynb" \
             else path.read_text()
-        for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", text):
+        # an anchor may hold balanced parentheses, as a heading "... (optional)" does (CommonMark allows them)
+        for target, anchor in re.findall(r"\]\(([^)\s#]*)#((?:[^()\s]|\([^()\s]*\))+)\)", text):
             if target.startswith("http"):
                 continue
             linked = (path.parent / target).resolve() if target else path
@@ -333,3 +354,22 @@ def test_every_link_to_a_section_finds_its_heading():
             if not found:
                 broken.append(f"{path.name}: {target}#{anchor}")
     assert not broken, broken
+
+
+def test_each_deeper_notebook_belongs_to_a_lesson_that_links_every_section_of_it():
+    """A deeper page holds what its lesson leaves out of the main path: markdown only (nothing a learner
+    must run), every section reached from the lesson by a link to its heading, and one back to the
+    lesson's section it extends."""
+    assert DEEPER, "no deeper notebooks"
+    for path in DEEPER:
+        lessons = [p for p in LESSONS if p.stem == path.stem]
+        assert lessons, f"{path.name}: no lesson of that name"
+        notebook = nbformat.read(path, as_version=4)
+        assert all(cell.cell_type == "markdown" for cell in notebook.cells), path.name
+        lesson_text = "\n".join(cell.source for cell in cells(lessons[0], "markdown"))
+        sections = [h for h in headings(path) if not h.startswith("Deeper: ")]
+        assert sections, path.name
+        for heading in sections:
+            assert f"deeper/{path.stem}.ipynb#{heading.replace(' ', '-')})" in lesson_text, (path.name, heading)
+        back = path.stem + ".ipynb#"
+        assert all(back in cell.source for cell in notebook.cells[1:]), f"{path.name}: a section with no way back"
