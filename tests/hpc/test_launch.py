@@ -210,6 +210,8 @@ def test_target_after_double_dash():
     (["--system", "polaris", "-n", "8", "--ppn", "8", "--", "m"], "nodefile", "more than the 4 GPUs"),
     (["--system", "polaris", "-n", "4", "--", "m"], {}, "no PBS_NODEFILE here"),
     (["--env", "NOEQUALS", "-n", "2", "--", "m"], {}, "expected NAME=VALUE"),
+    (["--nccl-fallback", "--env", "NCCL_NET=Socket", "-n", "2", "--dry-run", "--", "m"], {},
+     "--nccl-fallback removes NCCL_NET, and --env sets it"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, env, message, tmp_path, monkeypatch, capsys):
     for name in [n for n in os.environ if n.startswith(("PBS_", "SLURM_", "PALS_"))]:
@@ -239,6 +241,46 @@ def test_dry_run_prints_the_environment_and_the_command(tmp_path):
     assert all(" # " in line and ("docs.alcf.anl.gov" in line or "docs.nvidia.com" in line) for line in exports)
     assert "# kept your FI_CXI_DEFAULT_CQ_SIZE=262144" in lines
     assert not (tmp_path / "runs").exists()
+
+
+def test_nccl_fallback_drops_alcfs_four_variables_from_the_presets_and_from_what_a_module_set(tmp_path):
+    # A module (conda on Polaris may) set two of the four; the plugin's folder is then not added either.
+    job = {**polaris_job(tmp_path, 2), "NCCL_NET": "AWS Libfabric", "NCCL_CROSS_NIC": "1",
+           "FI_CXI_DEFAULT_CQ_SIZE": "9"}
+    normal = build_plan(8, DDP, env=job, hostname=POLARIS_HOSTS[0])
+    plan = build_plan(8, DDP, env=job, hostname=POLARIS_HOSTS[0], nccl_fallback=True)
+    four = ["NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "NCCL_COLLNET_ENABLE", "NCCL_NET"]
+    assert plan.unset == tuple(four) and not set(four) & set(plan.env)
+    assert {"NCCL_NET_GDR_LEVEL", "NCCL_COLLNET_ENABLE", "LD_LIBRARY_PATH"} <= set(normal.env)
+    assert "LD_LIBRARY_PATH" not in plan.env and plan.env["NCCL_DEBUG"] == "INFO"
+    # every other preset as without the flag, and what the job set is still kept
+    assert {k: v for k, v in normal.env.items() if k not in four and k != "LD_LIBRARY_PATH"} == \
+        {k: v for k, v in plan.env.items() if k != "NCCL_DEBUG"}
+    assert plan.kept == {"FI_CXI_DEFAULT_CQ_SIZE": "9"} and plan.command == normal.command
+    assert build_plan(8, DDP, env={**job, "NCCL_DEBUG": "WARN"}, hostname=POLARIS_HOSTS[0],
+                      nccl_fallback=True).env.get("NCCL_DEBUG") is None  # the job's own NCCL_DEBUG is left alone
+    assert describe(plan).splitlines()[2].startswith("unset " + " ".join(four) + "  # ALCF's fallback")
+
+
+@pytest.mark.slow
+def test_nccl_fallback_ranks_do_not_inherit_the_four_variables(tmp_path):
+    """A real launch (torchrun here) with the four set in the caller's shell, as a module leaves them: the ranks
+    see none of them, and NCCL_DEBUG=INFO."""
+    script = tmp_path / "show_env.py"
+    script.write_text("import os\n"
+                      "names = ['NCCL_NET_GDR_LEVEL', 'NCCL_CROSS_NIC', 'NCCL_COLLNET_ENABLE', 'NCCL_NET',\n"
+                      "         'NCCL_DEBUG']\n"
+                      "print('rank', os.environ['RANK'], [os.environ.get(n) for n in names], flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PBS_", "SLURM_", "PALS_", "PMI_", "OMPI_COMM"))}
+    env.update(NCCL_NET_GDR_LEVEL="PHB", NCCL_CROSS_NIC="1", NCCL_COLLNET_ENABLE="1", NCCL_NET="AWS Libfabric")
+    ran = {}
+    for flags in ([], ["--nccl-fallback"]):
+        result = subprocess.run([tool("scaledl"), "launch", "-n", "2", *flags, "--", str(script)], env=env,
+                                capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        ran[bool(flags)] = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert ran[False] == [f"rank {r} ['PHB', '1', '1', 'AWS Libfabric', None]" for r in (0, 1)]
+    assert ran[True] == [f"rank {r} [None, None, None, None, 'INFO']" for r in (0, 1)]
 
 
 def test_dataloader_workers_avoid_fork_once_mpi_is_up():

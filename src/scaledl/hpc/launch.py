@@ -55,6 +55,7 @@ class LaunchPlan:
     env: dict[str, str]  # set over the caller's environment
     presets: tuple[Preset, ...] = ()  # the recommended variables among `env`
     kept: dict[str, str] = field(default_factory=dict)  # presets the caller had already set: name -> theirs
+    unset: tuple[str, ...] = ()  # removed from the ranks' environment (--nccl-fallback)
 
     @property
     def world_size(self) -> int:
@@ -62,6 +63,10 @@ class LaunchPlan:
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# ALCF's fallback for an application that hangs or times out in NCCL with the plugin's settings
+# ("unset NCCL_NET_GDR_LEVEL NCCL_CROSS_NIC NCCL_COLLNET_ENABLE NCCL_NET": argonne-lcf/user-guides,
+# docs/polaris/applications-and-libraries/libraries/nccl.md, its warning), in its order.
+NCCL_FALLBACK_UNSET = ("NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "NCCL_COLLNET_ENABLE", "NCCL_NET")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -116,9 +121,14 @@ def ranks_per_node(system: str, nranks: int, ppn: int | None, env: Mapping[str, 
 def build_plan(nranks: int, target: Target, ppn: int | None = None, system: str | None = None,
                env: Mapping[str, str] | None = None, hostname: str | None = None,
                python: str = sys.executable, overrides: Mapping[str, str] | None = None,
-               comm_env: bool = True, dry_run: bool = False) -> LaunchPlan:
-    """The command and environment that start `nranks` ranks of `target` here."""
+               comm_env: bool = True, dry_run: bool = False, nccl_fallback: bool = False) -> LaunchPlan:
+    """The command and environment that start `nranks` ranks of `target` here.  nccl_fallback: ALCF's
+    fallback, the four NCCL variables neither exported nor inherited, and NCCL_DEBUG=INFO unless set,
+    so that the job's output says which network NCCL used."""
     env = dict(os.environ if env is None else env)
+    clash = sorted(set(overrides or {}) & set(NCCL_FALLBACK_UNSET)) if nccl_fallback else []
+    if clash:
+        raise LaunchError(f"--nccl-fallback removes {clash[0]}, and --env sets it: drop one of the two")
     if system is None:
         system, reason = detect_system(env, hostname)
     elif system in SYSTEMS:
@@ -130,12 +140,17 @@ def build_plan(nranks: int, target: Target, ppn: int | None = None, system: str 
     builders = {"local": _local, "polaris": _polaris, "aurora": _aurora, "slurm": _slurm}
     command, extra_env = builders[system](nranks, nodes, ppn, target, env, python, dry_run)
     presets = SYSTEMS[system].comm_env if comm_env else ()
+    unset = NCCL_FALLBACK_UNSET if nccl_fallback else ()
+    presets = tuple(p for p in presets if p.name not in unset)
+    env = {name: value for name, value in env.items() if name not in unset}  # what the ranks will inherit
     applied = tuple(p for p in presets if p.name not in env)
-    plugin = polaris_plugin_path(env) if comm_env and system == "polaris" else None
+    # Without NCCL_NET nothing asks for the plugin by name: its folder is not added.
+    plugin = polaris_plugin_path(env) if comm_env and system == "polaris" and not nccl_fallback else None
     applied += (plugin,) if plugin else ()
     kept = {p.name: env[p.name] for p in presets if p.name in env}
-    plan_env = {**{p.name: preset_value(p, env) for p in applied}, **extra_env, **(overrides or {})}
-    return LaunchPlan(system, reason, nodes, ppn, command, plan_env, applied, kept)
+    debug = {"NCCL_DEBUG": "INFO"} if nccl_fallback and "NCCL_DEBUG" not in env else {}
+    plan_env = {**{p.name: preset_value(p, env) for p in applied}, **debug, **extra_env, **(overrides or {})}
+    return LaunchPlan(system, reason, nodes, ppn, command, plan_env, applied, kept, unset)
 
 
 def _local(nranks, nodes, ppn, target, env, python, dry_run):
@@ -252,6 +267,8 @@ def describe(plan: LaunchPlan) -> str:
     lines = [f"# system: {plan.system} ({plan.reason}); {plan.nodes} node{'s' * (plan.nodes != 1)} x "
              f"{plan.ppn} rank{'s' * (plan.ppn != 1)} = {plan.world_size} ranks",
              "# environment set for the ranks (a variable you already set is kept; --env NAME=VALUE overrides):"]
+    if plan.unset:
+        lines.append(f"unset {' '.join(plan.unset)}  # ALCF's fallback for a job that hangs in NCCL (--nccl-fallback)")
     why = {p.name: f"  # {p.why} [the value: {p.docs}]" for p in plan.presets}
     lines += [export_line(plan, name) + why.get(name, "") for name in plan.env]
     lines += [f"# kept your {name}={shlex.quote(value)}" for name, value in plan.kept.items()]
@@ -269,6 +286,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="set a variable for the ranks (repeatable); wins over the presets")
     parser.add_argument("--no-comm-env", dest="comm_env", action="store_false",
                         help="do not export the system's recommended communication variables")
+    parser.add_argument("--nccl-fallback", action="store_true",
+                        help="ALCF's fallback for a multi-node job that hangs or times out in NCCL: the ranks run "
+                             f"without {', '.join(NCCL_FALLBACK_UNSET)} (a module's values removed too), with "
+                             "NCCL_DEBUG=INFO unless set")
     parser.add_argument("--dry-run", action="store_true", help="print the command and environment; run nothing")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="-- MODULE_OR_SCRIPT ARGS",
                         help="a module (python -m) or a .py script, and its arguments")
@@ -295,7 +316,8 @@ def _missing_target(target: Target) -> str | None:
 def run(args: argparse.Namespace) -> int:
     try:
         plan = build_plan(args.nranks, parse_target(args.target), args.ppn, args.system,
-                          overrides=parse_env_overrides(args.env), comm_env=args.comm_env, dry_run=args.dry_run)
+                          overrides=parse_env_overrides(args.env), comm_env=args.comm_env, dry_run=args.dry_run,
+                          nccl_fallback=args.nccl_fallback)
     except UserError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
@@ -309,7 +331,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{PROG}: {shlex.join(plan.command)}", file=sys.stderr, flush=True)
     try:
         # Signals reach every rank, and a rank's one-line error comes last with its status.
-        return launchers.run_launcher(plan.command, {**os.environ, **plan.env})
+        inherited = {name: value for name, value in os.environ.items() if name not in plan.unset}
+        return launchers.run_launcher(plan.command, {**inherited, **plan.env})
     except FileNotFoundError:
         print(f"{PROG}: error: {plan.command[0]} not found: load the system's MPI or Slurm module, "
               "or check `scaledl doctor`", file=sys.stderr)
