@@ -373,3 +373,57 @@ def test_each_deeper_notebook_belongs_to_a_lesson_that_links_every_section_of_it
             assert f"deeper/{path.stem}.ipynb#{heading.replace(' ', '-')})" in lesson_text, (path.name, heading)
         back = path.stem + ".ipynb#"
         assert all(back in cell.source for cell in notebook.cells[1:]), f"{path.name}: a section with no way back"
+
+
+def _names(source: str, context) -> set[str]:
+    """The names a code cell stores (context ast.Store, with its defs and imports) or loads (ast.Load)."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, context):
+            found.add(node.id)
+        elif context is ast.Store and isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif context is ast.Store and isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return found
+
+
+def optional_reads(path) -> list[str]:
+    """Main-path cells that read a name only an optional section defines: a learner who skips the section (as its
+    heading allows) gets a NameError there.  A section is optional when its heading says "(optional)" or it is
+    "Beyond the main path"; it ends at the next heading of its level or above."""
+    optional, stored, found, level = set(), set(), [], None
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                heading = re.match(r"(#{2,4}) (.*)", line)
+                if heading and level and len(heading[1]) <= level:
+                    level = None
+                if heading and ("(optional)" in heading[2] or heading[2].startswith("Beyond the main path")):
+                    level = len(heading[1])
+            continue
+        if level:
+            optional |= _names(cell.source, ast.Store) - stored
+            continue
+        found += [f"{path.name} cell {cell.id} reads {name}" for name in
+                  sorted((_names(cell.source, ast.Load) & optional) - _names(cell.source, ast.Store))]
+        stored |= _names(cell.source, ast.Store)
+    return found
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda path: path.stem)
+def test_the_main_path_never_reads_what_only_an_optional_section_defines(path):
+    assert not optional_reads(path)
+
+
+def test_a_main_path_read_of_an_optional_name_is_found(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("## Timing (optional)"), nbformat.v4.new_code_cell("gap = 3"),
+                      nbformat.v4.new_markdown_cell("## Summary"), nbformat.v4.new_code_cell("print(gap)")]
+    path = tmp_path / "lesson.ipynb"
+    nbformat.write(notebook, path)
+    assert optional_reads(path) == [f"lesson.ipynb cell {notebook.cells[3].id} reads gap"]
+    notebook.cells[0].source = "## Timing"  # the section is on the main path: the read is fine
+    nbformat.write(notebook, path)
+    assert optional_reads(path) == []

@@ -67,7 +67,8 @@ def test_the_folded_recipe_is_the_full_one_with_its_exports_as_one_comment():
     folded = recipes.polaris("ddp", full=True, fold_exports=True).splitlines()
     exports = [line for line in full if line.startswith("export ")]
     assert len(exports) == 9 and not any(line.startswith("export ") for line in folded)
-    comment = "# 9 exports: 7 network settings, the GPU numbering and the plugin path (see the box)"
+    comment = ("# 9 exports: 7 network settings, the GPU numbering and the plugin path "
+               "(the presets table says what each does)")
     assert folded.count(comment) == 1
     commands = [line for line in full if line and not line.startswith(("#", "export "))]
     assert [line for line in folded if line and not line.startswith("#")] == commands
@@ -76,10 +77,10 @@ def test_the_folded_recipe_is_the_full_one_with_its_exports_as_one_comment():
 
 def test_the_exports_comment_names_what_is_not_a_network_setting():
     network = recipes.exports_comment(["export NCCL_NET=x", "export FI_PROVIDER=cxi"])
-    assert network == "# 2 exports: 2 network settings (see the box)"
+    assert network == "# 2 exports: 2 network settings (the presets table says what each does)"
     aurora = recipes.exports_comment(["export CCL_KVS_MODE=mpi", "export ZE_FLAT_DEVICE_HIERARCHY=FLAT",
                                       "export ZE_ENABLE_PCI_ID_DEVICE_ORDER=1"])
-    assert aurora == "# 3 exports: 1 network setting and the GPU numbering (see the box)"
+    assert aurora == "# 3 exports: 1 network setting and the GPU numbering (the presets table says what each does)"
 
 
 def test_the_live_ranks_run_as_the_engines_do():

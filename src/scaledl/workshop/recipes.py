@@ -136,7 +136,7 @@ def exports_comment(exports: list[str]) -> str:
     network = sum(name not in NOT_NETWORK for name in names)
     parts = [f"{network} network setting{'' if network == 1 else 's'}", *others]
     listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
-    return f"# {len(names)} exports: {listed} (see the box)"
+    return f"# {len(names)} exports: {listed} (the presets table says what each does)"
 
 
 def recipe(rung: str, *flags: str, live_ranks: int = 0, system: str = SYSTEM, full: bool = True,
