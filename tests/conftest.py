@@ -86,6 +86,13 @@ def tool(name: str) -> str:
     return os.path.join(os.path.dirname(sys.executable), name)
 
 
+def lesson_and_deeper(stem: str) -> list[Path]:
+    """A lesson's solution notebook and, where it has one, its deeper page (notebooks/deeper/): a claim or a
+    passage moved off the lesson's main path is still read."""
+    found = [ROOT / "solutions" / f"{stem}.ipynb", ROOT / "notebooks" / "deeper" / f"{stem}.ipynb"]
+    return [path for path in found if path.exists()]
+
+
 # Tiers (pyproject.toml's markers) that whole files belong to; `make check` leaves them out.  Lesson 2
 # times its simulated device in real seconds (its checks' tolerance is 10%): it runs alone, `serial`.
 FILE_TIERS = {"test_slurm.py": ("slurm", "slow"), "test_mpich.py": ("mpich", "slow"),

@@ -7,7 +7,7 @@ import re
 import nbformat
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, lesson_and_deeper
 from scaledl.workshop.exercises import BEGIN, END
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -180,12 +180,6 @@ def test_figures_are_drawn_by_code_and_stored(stem, count):
     assert stored >= count, f"{path.name}: {stored} figures stored, {count} expected"
     for cell in cells(path, "markdown"):
         assert "![" not in cell.source and not cell.get("attachments"), "no pasted images"
-
-
-def lesson_and_deeper(stem: str) -> list:
-    """A lesson's notebook and, where it has one, its deeper companion: a claim moved there is still read."""
-    found = [ROOT / "solutions" / f"{stem}.ipynb", ROOT / "notebooks" / "deeper" / f"{stem}.ipynb"]
-    return [path for path in found if path.exists()]
 
 
 def raw(stem: str) -> str:
@@ -406,12 +400,13 @@ def optional_reads(path) -> list[str]:
                 if heading and ("(optional)" in heading[2] or heading[2].startswith("Beyond the main path")):
                     level = len(heading[1])
             continue
+        stores = _names(cell.source, ast.Store)
         if level:
-            optional |= _names(cell.source, ast.Store) - stored
+            optional |= stores - stored
             continue
         found += [f"{path.name} cell {cell.id} reads {name}" for name in
-                  sorted((_names(cell.source, ast.Load) & optional) - _names(cell.source, ast.Store))]
-        stored |= _names(cell.source, ast.Store)
+                  sorted((_names(cell.source, ast.Load) & optional) - stores)]
+        stored |= stores
     return found
 
 

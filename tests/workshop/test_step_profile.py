@@ -137,11 +137,10 @@ def test_lesson_2s_run_calls_are_the_rungs():
     be a line the rung runs, in order."""
     import json
 
-    from conftest import ROOT
+    from conftest import ROOT, lesson_and_deeper
 
     rung = (ROOT / "src" / "scaledl" / "ladder" / "single_torch.py").read_text()
-    pages = [ROOT / "solutions" / "02_single_device.ipynb", ROOT / "notebooks" / "deeper" / "02_single_device.ipynb"]
-    markdown = ["".join(cell["source"]) for page in pages if page.exists()
+    markdown = ["".join(cell["source"]) for page in lesson_and_deeper("02_single_device")
                 for cell in json.loads(page.read_text())["cells"] if cell["cell_type"] == "markdown"]
     box = next(text for text in markdown if "run = harness.TorchRun(" in text)
     snippet = box.split("```python\n", 1)[1].split("```", 1)[0]
