@@ -67,7 +67,7 @@ def stored_text(path) -> str:
 
 
 def test_lesson_7_quotes_the_fit_lesson_3_stores():
-    """Lesson 7 prints its per-call overhead beside lesson 3's alpha, read from lesson 3's stored output when it
+    """Lesson 7 prints its alpha in a step beside lesson 3's alpha, read from lesson 3's stored output when it
     runs: a lesson 3 re-executed after lesson 7 leaves two different fits on the path for one run."""
     fit = re.search(r"measured here: alpha (\d+) us, beta ([\d.]+) GB/s", stored_text(ROOT / "solutions" /
                                                                                        "03_collectives.ipynb"))

@@ -355,11 +355,11 @@ def check_layouts_here(messages_here, comm_ms_here, order_here, rows: list[dict]
     if not isinstance(found, dict) or set(found) != set(_KINDS):
         return _verdict(False, f"`comm_ms_here(link)` returns a dict with the keys \"dp\", \"tp\" and \"pp\", got "
                                f"{found!r}")
-    cost = {"dp": "one ring all-reduce of the gradients' bytes on 2 ranks: 2 ring steps, each the per-call overhead "
+    cost = {"dp": "one ring all-reduce of the gradients' bytes on 2 ranks: 2 ring steps, each alpha in a step "
                   "(`link.alpha_s`) plus half the bytes over the bandwidth",
-            "tp": "each all-reduce is a ring all-reduce of one micro batch's activations on 2 ranks (2 per-call "
-                  "overheads plus the bytes over the bandwidth)",
-            "pp": "each send is one per-call overhead plus one micro batch's activations over the bandwidth"}
+            "tp": "each all-reduce is a ring all-reduce of one micro batch's activations on 2 ranks (2 alphas in a "
+                  "step plus the bytes over the bandwidth)",
+            "pp": "each send is one alpha in a step plus one micro batch's activations over the bandwidth"}
     for kind in ("dp", "tp", "pp"):
         value, want = found[kind], by_kind[kind][f"{kind}_ms"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
